@@ -1,0 +1,225 @@
+"""Cluster configuration in LLMServingSim's JSON schema (YAML with the same fields too).
+
+A cluster has nodes; a node has CPU memory and instances; an instance serves one model
+on ``num_npus`` NPUs of one hardware type with tp/pp/ep parallelism. Memory sizes are in
+GiB, bandwidths in GB/s, latencies in ns, as in LLMServingSim. Anything the simulator does
+not model yet is refused with a message naming the field, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.errors import InputError
+
+GiB = 1 << 30
+DEFAULT_MEM_UTIL = 0.9  # vLLM's default gpu_memory_utilization
+
+# Scheduler knobs an instance may override (LLMServingSim's per-instance fields).
+INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
+                           "block_size", "enable_prefix_caching", "enable_chunked_prefill")
+_INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
+                  "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
+                  *INSTANCE_SCHEDULER_KEYS}
+_NODE_KEYS = {"num_instances", "cpu_mem", "instances", "power"}
+_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem"}
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    mem_size_gib: float
+    mem_bw_GBps: float
+    mem_latency_ns: float = 0.0
+    mem_util: float = DEFAULT_MEM_UTIL
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    instance_id: int
+    node_id: int
+    model_name: str
+    hardware: str
+    npu_mem: MemorySpec
+    num_npus: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+    ep_size: int = 1
+    dp_group: str | None = None
+    pd_type: str | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    placement: dict | None = None
+    #: per-instance overrides of SimOptions scheduler knobs
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: int
+    cpu_mem: MemorySpec | None
+    instances: tuple[InstanceConfig, ...]
+    power: dict | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...]
+    link_bw_GBps: float = 16.0
+    link_latency_ns: float | list = 0.0
+    cxl_mem: dict | None = None
+    source: str = "<cluster>"
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def instances(self) -> tuple[InstanceConfig, ...]:
+        return tuple(i for n in self.nodes for i in n.instances)
+
+    def with_overrides(self, **kw) -> ClusterConfig:
+        return replace(self, **kw)
+
+
+def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=False):
+    if key not in d or d[key] is None:
+        if default is None:
+            raise InputError(f"missing field {key!r}", source=where)
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(f"field {key!r} must be a number, got {v!r}", source=where)
+    if integer and int(v) != v:
+        raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
+    if positive and v <= 0:
+        raise InputError(f"field {key!r} must be > 0, got {v!r}", source=where)
+    return int(v) if integer else float(v)
+
+
+def _mem(d: Any, where: str, *, need_util: bool) -> MemorySpec:
+    if not isinstance(d, dict):
+        raise InputError("must be an object with mem_size, mem_bw, mem_latency", source=where)
+    util = _num(d, "mem_util", where, default=DEFAULT_MEM_UTIL) if need_util else 1.0
+    if not 0 < util <= 1:
+        raise InputError(f"field 'mem_util' must be in (0, 1], got {util}", source=where)
+    return MemorySpec(
+        mem_size_gib=_num(d, "mem_size", where),
+        mem_bw_GBps=_num(d, "mem_bw", where),
+        mem_latency_ns=_num(d, "mem_latency", where, default=0.0, positive=False),
+        mem_util=util,
+    )
+
+
+def _check_keys(d: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise InputError(f"unknown field(s) {unknown}; allowed: {sorted(allowed)}", source=where)
+
+
+def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
+    """Validate a cluster mapping (LLMServingSim schema) into a :class:`ClusterConfig`."""
+    if not isinstance(data, dict):
+        raise InputError("cluster config must be a JSON/YAML object", source=source)
+    _check_keys(data, _TOP_KEYS, source)
+    nodes_raw = data.get("nodes")
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise InputError("field 'nodes' must be a non-empty list", source=source)
+    num_nodes = _num(data, "num_nodes", source, default=len(nodes_raw), integer=True)
+    if num_nodes != len(nodes_raw):
+        raise InputError(f"num_nodes={num_nodes} but {len(nodes_raw)} node(s) are listed",
+                         source=source)
+    nodes: list[NodeConfig] = []
+    iid = 0
+    for n_idx, nd in enumerate(nodes_raw):
+        where = f"{source}: nodes[{n_idx}]"
+        if not isinstance(nd, dict):
+            raise InputError("must be an object", source=where)
+        _check_keys(nd, _NODE_KEYS, where)
+        inst_raw = nd.get("instances")
+        if not isinstance(inst_raw, list) or not inst_raw:
+            raise InputError("field 'instances' must be a non-empty list", source=where)
+        if "num_instances" in nd and nd["num_instances"] != len(inst_raw):
+            raise InputError(f"num_instances={nd['num_instances']} but {len(inst_raw)} "
+                             "instance(s) are listed", source=where)
+        cpu = _mem(nd["cpu_mem"], f"{where}.cpu_mem", need_util=False) if nd.get("cpu_mem") else None
+        insts = []
+        for i_idx, ins in enumerate(inst_raw):
+            iw = f"{where}.instances[{i_idx}]"
+            if not isinstance(ins, dict):
+                raise InputError("must be an object", source=iw)
+            _check_keys(ins, _INSTANCE_KEYS, iw)
+            for key in ("model_name", "hardware"):
+                if not isinstance(ins.get(key), str) or not ins[key]:
+                    raise InputError(f"field {key!r} must be a non-empty string", source=iw)
+            tp = _num(ins, "tp_size", iw, default=1, integer=True)
+            pp = _num(ins, "pp_size", iw, default=1, integer=True)
+            ep = _num(ins, "ep_size", iw, default=1, integer=True)
+            num_npus = _num(ins, "num_npus", iw, default=tp * pp, integer=True)
+            if num_npus != tp * pp:
+                raise InputError(f"num_npus={num_npus} must equal tp_size*pp_size={tp * pp}",
+                                 source=iw)
+            pd = ins.get("pd_type")
+            if pd not in (None, "prefill", "decode"):
+                raise InputError(f"field 'pd_type' must be null, 'prefill' or 'decode', got {pd!r}",
+                                 source=iw)
+            overrides = {k: ins[k] for k in INSTANCE_SCHEDULER_KEYS if ins.get(k) is not None}
+            insts.append(InstanceConfig(
+                instance_id=iid, node_id=n_idx, model_name=ins["model_name"],
+                hardware=ins["hardware"], npu_mem=_mem(ins.get("npu_mem"), f"{iw}.npu_mem",
+                                                       need_util=True),
+                num_npus=num_npus, tp_size=tp, pp_size=pp, ep_size=ep,
+                dp_group=ins.get("dp_group"), pd_type=pd, dtype=ins.get("dtype"),
+                kv_cache_dtype=ins.get("kv_cache_dtype"), placement=ins.get("placement"),
+                overrides=overrides))
+            iid += 1
+        nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
+                                power=nd.get("power")))
+    link_lat = data.get("link_latency", 0)
+    return ClusterConfig(nodes=tuple(nodes),
+                         link_bw_GBps=data.get("link_bw", 16.0),
+                         link_latency_ns=link_lat, cxl_mem=data.get("cxl_mem"), source=source,
+                         raw=data)
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read cluster config: {exc.strerror}", source=str(path)) from None
+    try:
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"malformed cluster config: {exc}", source=str(path)) from None
+    return parse_cluster(data, str(path))
+
+
+# Features of the schema that the simulator does not model yet. Each check names the field;
+# entries are removed as the features land.
+def unsupported_features(cluster: ClusterConfig) -> list[str]:
+    problems = []
+    for inst in cluster.instances:
+        where = f"{cluster.source}: instance {inst.instance_id}"
+        if inst.pd_type is not None:
+            problems.append(f"{where}: pd_type={inst.pd_type!r} (prefill/decode disaggregation) "
+                            "is not modelled yet")
+        if inst.dp_group is not None:
+            problems.append(f"{where}: dp_group={inst.dp_group!r} (DP groups) is not modelled yet")
+        if inst.ep_size > 1:
+            problems.append(f"{where}: ep_size={inst.ep_size} (expert parallelism) is not "
+                            "modelled yet")
+        if inst.placement:
+            problems.append(f"{where}: placement (weight/KV placement across memories) is not "
+                            "modelled yet")
+        if inst.kv_cache_dtype not in (None, "auto"):
+            problems.append(f"{where}: kv_cache_dtype={inst.kv_cache_dtype!r} is not modelled yet")
+    for node in cluster.nodes:
+        if node.power:
+            problems.append(f"{cluster.source}: nodes[{node.node_id}].power (power model) is not "
+                            "modelled yet")
+    if cluster.cxl_mem:
+        problems.append(f"{cluster.source}: cxl_mem (CXL memory tier) is not modelled yet")
+    return problems

@@ -1,0 +1,356 @@
+"""The measured provider: LLMServingSim-format profile bundles measured with vLLM.
+
+Bundle layout: ``<root>/<HW>/<org>/<model>/<variant>/meta.yaml`` and ``tp<N>/`` with
+dense.csv (layer,tokens,time_us), per_sequence.csv (layer,sequences,time_us),
+attention.csv (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us), moe.csv
+(tokens,activated_experts,time_us) and optionally skew_fit.csv.
+
+Lookup rules (all tables are built once, at construction):
+- dense / per-sequence: 1-D linear interpolation over tokens / sequences; the whole
+  block's dense layers are pre-summed into one array indexed by token count, so a
+  lookup is a list index.
+- attention: multilinear over the 4-D grid; ``kv_decode`` is the batch's mean decode KV
+  (a uniform batch at the mean reads the same total KV).
+- moe: bilinear over (tokens, activated_experts).
+Queries above the grid extrapolate linearly from the last two points and are counted
+and reported (``extrapolations()``); a missing layer is an error, never zero.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.errors import InputError
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LayerTimes
+from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
+from sim.paths import profiles_root, shared_data_root
+
+VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
+
+
+def bundle_search_dirs(extra: tuple[str, ...] | list[str] = ()) -> list[Path]:
+    dirs = [Path(p) for p in extra]
+    dirs += [profiles_root() / "bundles", shared_data_root() / "profiles"]
+    return dirs
+
+
+def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
+    """The variant folder of a bundle for (hardware, model), or None."""
+    variant = VARIANT_BY_DTYPE.get(model.dtype, model.dtype)
+    names = [model.name, *model.aliases]
+    for d in bundle_search_dirs(extra_dirs):
+        for name in names:
+            p = d / hardware / name / variant
+            if (p / "meta.yaml").is_file():
+                return p
+    return None
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None or any(c not in reader.fieldnames for c in columns):
+                raise InputError(f"malformed profile CSV: expected columns {list(columns)}, "
+                                 f"got {reader.fieldnames}", source=str(path))
+            rows = list(reader)
+    except OSError as exc:
+        raise InputError(f"cannot read profile: {exc.strerror}", source=str(path)) from None
+    numeric = [c for c in columns if c != "layer"]
+    for lineno, row in enumerate(rows, start=2):
+        for c in numeric:
+            try:
+                float(row[c])
+            except (TypeError, ValueError):
+                raise InputError(f"line {lineno}: column {c!r} is not a number: {row[c]!r}",
+                                 source=str(path)) from None
+    return rows
+
+
+def _interp_table(keys: list[int], vals: list[float], upto: int) -> np.ndarray:
+    """Values at 0..upto by linear interpolation, linear extrapolation above the grid."""
+    k = np.asarray(keys, dtype=np.float64)
+    v = np.asarray(vals, dtype=np.float64)
+    x = np.arange(upto + 1, dtype=np.float64)
+    out = np.interp(x, k, v)
+    if len(k) >= 2:
+        hi = x > k[-1]
+        slope = (v[-1] - v[-2]) / (k[-1] - k[-2])
+        out[hi] = v[-1] + slope * (x[hi] - k[-1])
+        lo = x < k[0]
+        out[lo] = v[0]
+    return out
+
+
+class _Axis:
+    """A sorted grid axis with linear bracketing (clamped below, extrapolated above)."""
+
+    __slots__ = ("vals", "n")
+
+    def __init__(self, vals) -> None:
+        self.vals = sorted(vals)
+        self.n = len(self.vals)
+
+    def bracket(self, q: float) -> tuple[int, int, float, bool]:
+        vals = self.vals
+        if self.n == 1 or q <= vals[0]:
+            return 0, 0, 0.0, False
+        i = bisect.bisect_right(vals, q)
+        if i >= self.n:
+            lo, hi = self.n - 2, self.n - 1
+            return lo, hi, (q - vals[lo]) / (vals[hi] - vals[lo]), q > vals[-1]
+        return i - 1, i, (q - vals[i - 1]) / (vals[i] - vals[i - 1]), False
+
+
+class MeasuredProvider:
+    kind = "measured"
+
+    def __init__(self, model: ModelSpec, hardware: str, tp: int, *, bundle: Path | None = None,
+                 profiles_dirs=(), max_tokens: int = 16384, max_seqs: int = 1024, **_ignored) -> None:
+        self.model = model
+        self.hardware = hardware
+        self.tp = tp
+        root = bundle or find_bundle(hardware, model, profiles_dirs)
+        if root is None:
+            searched = ", ".join(str(d) for d in bundle_search_dirs(profiles_dirs))
+            raise InputError(f"no measured profile bundle for hardware={hardware!r} "
+                             f"model={model.name!r}; searched {searched}. Use "
+                             "--latency-provider roofline, or profile one with `llmsim profile`")
+        self.root = Path(root)
+        self.source = str(self.root)
+        meta_path = self.root / "meta.yaml"
+        try:
+            self.meta = yaml.safe_load(meta_path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
+        tp_dir = self.root / f"tp{tp}"
+        if not tp_dir.is_dir():
+            have = sorted(p.name for p in self.root.glob("tp*"))
+            raise InputError(f"bundle has no tp{tp} folder (has: {have})", source=str(self.root))
+        self._extrap: dict[str, int] = {}
+        self._build_dense(tp_dir, max_tokens, max_seqs)
+        self._build_attention(tp_dir / "attention.csv")
+        self._moe = self._build_moe(tp_dir) if model.is_moe else None
+
+    # ------------------------------------------------------------------ construction
+    def _build_dense(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> None:
+        dense_path = tp_dir / "dense.csv"
+        rows = _read_csv(dense_path, ("layer", "tokens", "time_us"))
+        by_layer: dict[str, dict[int, float]] = {}
+        for r in rows:
+            by_layer.setdefault(r["layer"], {})[int(float(r["tokens"]))] = float(r["time_us"]) * 1e3
+        seq_path = tp_dir / "per_sequence.csv"
+        srows = _read_csv(seq_path, ("layer", "sequences", "time_us"))
+        by_seq: dict[str, dict[int, float]] = {}
+        for r in srows:
+            by_seq.setdefault(r["layer"], {})[int(float(r["sequences"]))] = float(r["time_us"]) * 1e3
+
+        dense_needed = [n for n in self.model.block_sequence if n not in ("attention", "moe")]
+        for name in (*PROLOGUE, *HEAD_DENSE, *dense_needed):
+            if name not in by_layer:
+                raise InputError(f"missing layer {name!r} needed by architecture "
+                                 f"{self.model.architecture!r}; has {sorted(by_layer)}",
+                                 source=str(dense_path))
+        for name in HEAD_PER_SEQUENCE:
+            if name not in by_seq:
+                raise InputError(f"missing layer {name!r}; has {sorted(by_seq)}",
+                                 source=str(seq_path))
+
+        def table(d: dict[int, float], upto: int) -> np.ndarray:
+            ks = sorted(d)
+            return _interp_table(ks, [d[k] for k in ks], upto)
+
+        self._dense_max = {name: max(d) for name, d in by_layer.items()}
+        self._seq_max = {name: max(d) for name, d in by_seq.items()}
+        self._max_tokens = max_tokens
+        self._max_seqs = max_seqs
+        # Per-layer arrays (ns) indexed by token/sequence count, as Python lists for fast
+        # scalar indexing.
+        self._dense = {name: table(by_layer[name], max_tokens).tolist()
+                       for name in {*PROLOGUE, *HEAD_DENSE, *dense_needed}}
+        self._seq = {name: table(by_seq[name], max_seqs).tolist() for name in HEAD_PER_SEQUENCE}
+        self._grid_tokens = min(self._dense_max[n] for n in self._dense)
+        self._grid_seqs = min(self._seq_max.values())
+        # Whole-iteration sums for the single-NPU fast path: every dense layer of every
+        # block plus the prologue and head, and both per-sequence layers.
+        n_blocks = self.model.num_hidden_layers
+        dense_total = sum(np.asarray(self._dense[n]) for n in dense_needed) * n_blocks
+        for n in (*PROLOGUE, *HEAD_DENSE):
+            dense_total = dense_total + np.asarray(self._dense[n])
+        self._dense_total = dense_total.tolist()
+        self._seq_total = sum(np.asarray(self._seq[n]) for n in HEAD_PER_SEQUENCE).tolist()
+
+    def _build_attention(self, path: Path) -> None:
+        rows = _read_csv(path, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"))
+        grid: dict[tuple[int, int], dict[int, dict[int, float]]] = {}
+        for r in rows:
+            pc, kp = int(float(r["prefill_chunk"])), int(float(r["kv_prefill"]))
+            nd, kd = int(float(r["n_decode"])), int(float(r["kv_decode"]))
+            grid.setdefault((pc, nd), {}).setdefault(kp, {})[kd] = float(r["time_us"]) * 1e3
+        if not grid:
+            raise InputError("attention profile is empty", source=str(path))
+        self._pc_axis = _Axis({k[0] for k in grid})
+        self._nd_axis = _Axis({k[1] for k in grid})
+        # slice -> (kp axis, [ (kd axis, values) per kp ])
+        self._attn = {}
+        for key, by_kp in grid.items():
+            kp_axis = _Axis(by_kp)
+            rows_ = []
+            for kp in kp_axis.vals:
+                kd_axis = _Axis(by_kp[kp])
+                rows_.append((kd_axis, [by_kp[kp][k] for k in kd_axis.vals]))
+            self._attn[key] = (kp_axis, rows_)
+        self._attn_pairs = list(self._attn)
+        self._attn_path = path
+
+    def _build_moe(self, tp_dir: Path):
+        path = tp_dir / "moe.csv"
+        if not path.is_file():
+            path1 = self.root / "tp1" / "moe.csv"
+            if not path1.is_file():
+                raise InputError("MoE model but the bundle has no moe.csv", source=str(tp_dir))
+            path = path1
+        rows = _read_csv(path, ("tokens", "activated_experts", "time_us"))
+        by_ae: dict[int, dict[int, float]] = {}
+        for r in rows:
+            by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \
+                float(r["time_us"]) * 1e3
+        ae_axis = _Axis(by_ae)
+        rows_ = [(_Axis(by_ae[a]), [by_ae[a][t] for t in sorted(by_ae[a])]) for a in ae_axis.vals]
+        return ae_axis, rows_
+
+    # ------------------------------------------------------------------ lookups
+    def _note(self, axis: str) -> None:
+        self._extrap[axis] = self._extrap.get(axis, 0) + 1
+
+    @staticmethod
+    def _line(axis: _Axis, vals: list[float], q: float) -> float:
+        lo, hi, t, _ = axis.bracket(q)
+        return vals[lo] + t * (vals[hi] - vals[lo])
+
+    def _slice(self, pc: int, nd: int, kp: int, kd: int) -> float:
+        s = self._attn.get((pc, nd))
+        if s is None:
+            # A grid corner that was not profiled: use the nearest profiled slice.
+            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
+            s = self._attn[(pc, nd)]
+        kp_axis, rows = s
+        lo, hi, t, ex = kp_axis.bracket(kp)
+        if ex:
+            self._note("kv_prefill")
+        kd_axis, vals = rows[lo]
+        v_lo = self._line(kd_axis, vals, kd)
+        if kd > kd_axis.vals[-1]:
+            self._note("kv_decode")
+        if lo == hi:
+            return v_lo
+        kd_axis, vals = rows[hi]
+        return v_lo + t * (self._line(kd_axis, vals, kd) - v_lo)
+
+    def attention_ns(self, shape: BatchShape) -> float:
+        pc, kp, nd = shape.prefill_tokens, shape.prefill_kv, shape.num_decode
+        kd = shape.decode_kv_sum // nd if nd else 0
+        plo, phi, pt, pex = self._pc_axis.bracket(pc)
+        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
+        if pex:
+            self._note("prefill_chunk")
+        if nex:
+            self._note("n_decode")
+        pcs, nds = self._pc_axis.vals, self._nd_axis.vals
+        c00 = self._slice(pcs[plo], nds[nlo], kp, kd)
+        c01 = self._slice(pcs[plo], nds[nhi], kp, kd) if nhi != nlo else c00
+        v0 = c00 + nt * (c01 - c00)
+        if phi == plo:
+            return v0
+        c10 = self._slice(pcs[phi], nds[nlo], kp, kd)
+        c11 = self._slice(pcs[phi], nds[nhi], kp, kd) if nhi != nlo else c10
+        v1 = c10 + nt * (c11 - c10)
+        return v0 + pt * (v1 - v0)
+
+    def moe_ns(self, tokens: int, activated_experts: int) -> int:
+        if self._moe is None:
+            raise InputError(f"{self.model.name} is not an MoE model")
+        ae_axis, rows = self._moe
+        lo, hi, t, ex = ae_axis.bracket(activated_experts)
+        if ex:
+            self._note("activated_experts")
+        a_axis, vals = rows[lo]
+        if tokens > a_axis.vals[-1]:
+            self._note("moe_tokens")
+        v = self._line(a_axis, vals, tokens)
+        if hi != lo:
+            b_axis, bvals = rows[hi]
+            v += t * (self._line(b_axis, bvals, tokens) - v)
+        return max(1, int(v))
+
+    def _dense_at(self, name: str, tokens: int) -> float:
+        table = self._dense[name]
+        if tokens < len(table):
+            return table[tokens]
+        self._note("tokens")
+        # Beyond the precomputed table: extrapolate from the last two entries.
+        return table[-1] + (table[-1] - table[-2]) * (tokens - len(table) + 1)
+
+    def _seq_at(self, name: str, seqs: int) -> float:
+        table = self._seq[name]
+        if seqs < len(table):
+            return table[seqs]
+        self._note("sequences")
+        return table[-1] + (table[-1] - table[-2]) * (seqs - len(table) + 1)
+
+    def layer_times(self, shape: BatchShape) -> LayerTimes:
+        t = shape.num_tokens
+        if t > self._grid_tokens:
+            self._note("tokens")
+        if shape.num_seqs > self._grid_seqs:
+            self._note("sequences")
+        block = []
+        for name in self.model.block_sequence:
+            if name == "attention":
+                ns = self.attention_ns(shape)
+            elif name == "moe":
+                ns = self.moe_ns(t, self.expected_active_experts(t))
+            else:
+                ns = self._dense_at(name, t)
+            block.append((name, max(1, int(ns))))
+        prologue = tuple((n, max(1, int(self._dense_at(n, t)))) for n in PROLOGUE)
+        head = tuple((n, max(1, int(self._dense_at(n, t)))) for n in HEAD_DENSE) + tuple(
+            (n, max(1, int(self._seq_at(n, shape.num_seqs)))) for n in HEAD_PER_SEQUENCE)
+        return LayerTimes(prologue, tuple(block), head, self.model.num_hidden_layers)
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        """Whole-iteration compute time on one NPU (the tp=1, pp=1 fast path)."""
+        t, s = shape.num_tokens, shape.num_seqs
+        if t < len(self._dense_total):
+            dense = self._dense_total[t]
+            if t > self._grid_tokens:
+                self._note("tokens")
+        else:
+            dense = self.layer_times(shape).total_ns()
+            return int(dense)
+        if s < len(self._seq_total):
+            seq = self._seq_total[s]
+            if s > self._grid_seqs:
+                self._note("sequences")
+        else:
+            seq = sum(self._seq_at(n, s) for n in HEAD_PER_SEQUENCE)
+        per_block = self.attention_ns(shape)
+        if self._moe is not None:
+            per_block += self.moe_ns(t, self.expected_active_experts(t))
+        return int(dense + seq + per_block * self.model.num_hidden_layers)
+
+    def expected_active_experts(self, tokens: int) -> int:
+        """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly."""
+        e, k = self.model.num_experts, self.model.num_experts_per_tok
+        return max(1, min(e, round(e * (1.0 - (1.0 - k / e) ** tokens))))
+
+    def extrapolations(self) -> dict[str, int]:
+        return dict(self._extrap)
+
+
+LATENCY_PROVIDERS.register("measured", MeasuredProvider)

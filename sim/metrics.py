@@ -1,0 +1,131 @@
+"""Run results: per-request table, summary statistics and the per-interval time series.
+
+Kept apart from the simulation: the engine records plain numbers, and this module turns
+them into tables and JSON at the end (pandas/numpy only here, never in the loop).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.request import Request
+
+REQUEST_COLUMNS = ("request_id", "instance_id", "session_id", "sub_request_index", "arrival_ns",
+                   "first_token_ns", "last_token_ns", "input_tokens", "output_tokens", "ttft_ns",
+                   "tpot_ns", "latency_ns", "queueing_ns", "prefix_hit_tokens", "preemptions",
+                   "itl_max_ns")
+TIMESERIES_COLUMNS = ("t_s", "prompt_tps", "gen_tps", "running", "waiting", "kv_usage")
+PERCENTILES = (50, 90, 95, 99)
+
+
+def stats_ms(values_ns) -> dict[str, float]:
+    a = np.asarray(values_ns, dtype=np.float64)
+    if a.size == 0:
+        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+    a = a / 1e6
+    pct = np.percentile(a, PERCENTILES)
+    return {"mean": float(a.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)}}
+
+
+@dataclass
+class TimeSeries:
+    """Buckets of ``interval_ns``: tokens per bucket, and the last-seen queue/KV state."""
+
+    interval_ns: int
+    prompt: list[int] = field(default_factory=list)
+    gen: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    kv: list[float] = field(default_factory=list)
+
+    def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
+        b = t_ns // self.interval_ns
+        while len(self.prompt) <= b:
+            self.prompt.append(0)
+            self.gen.append(0)
+            self.running.append(self.running[-1] if self.running else 0)
+            self.waiting.append(self.waiting[-1] if self.waiting else 0)
+            self.kv.append(self.kv[-1] if self.kv else 0.0)
+        self.prompt[b] += prompt
+        self.gen[b] += gen
+        self.running[b] = running
+        self.waiting[b] = waiting
+        self.kv[b] = kv
+
+    def table(self) -> pd.DataFrame:
+        sec = self.interval_ns / 1e9
+        n = len(self.prompt)
+        return pd.DataFrame({
+            "t_s": [(i + 1) * sec for i in range(n)],
+            "prompt_tps": [p / sec for p in self.prompt],
+            "gen_tps": [g / sec for g in self.gen],
+            "running": self.running, "waiting": self.waiting, "kv_usage": self.kv,
+        }, columns=list(TIMESERIES_COLUMNS))
+
+
+@dataclass
+class RunResult:
+    requests: list[Request]
+    summary: dict
+    timeseries: TimeSeries
+
+    def requests_table(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests:
+            ttft = r.first_token_ns - r.arrival_ns
+            tpot = (r.last_token_ns - r.first_token_ns) // max(1, r.num_output - 1)
+            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, r.arrival_ns,
+                         r.first_token_ns, r.last_token_ns, r.input_len, r.num_output, ttft, tpot,
+                         r.last_token_ns - r.arrival_ns, r.first_scheduled_ns - r.arrival_ns,
+                         r.prefix_hit, r.preemptions, r.itl_max_ns))
+        df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+        return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+    def timeseries_table(self) -> pd.DataFrame:
+        return self.timeseries.table()
+
+    def write(self, output_csv: str | Path | None, summary_json: str | Path | None = None,
+              timeseries_csv: str | Path | None = None) -> None:
+        for p in (output_csv, summary_json, timeseries_csv):
+            if p:
+                Path(p).parent.mkdir(parents=True, exist_ok=True)
+        if output_csv:
+            self.requests_table().to_csv(output_csv, index=False)
+        if summary_json:
+            Path(summary_json).write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+        if timeseries_csv:
+            self.timeseries_table().to_csv(timeseries_csv, index=False)
+
+
+def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_s: float,
+              preemptions: int, hit_tokens: int, queried_tokens: int) -> dict:
+    done = [r for r in requests if r.finish_ns >= 0]
+    ttft = [r.first_token_ns - r.arrival_ns for r in done]
+    tpot = [(r.last_token_ns - r.first_token_ns) / max(1, r.num_output - 1) for r in done]
+    lat = [r.last_token_ns - r.arrival_ns for r in done]
+    start = min((r.arrival_ns for r in requests), default=0)
+    span_s = max(1e-9, (sim_end_ns - start) / 1e9)
+    prompt = sum(r.input_len for r in done)
+    gen = sum(r.num_output for r in done)
+    return {
+        "num_requests": len(requests),
+        "num_finished": len(done),
+        "simulated_s": sim_end_ns / 1e9,
+        "wall_s": wall_s,
+        "speedup_vs_real_time": (sim_end_ns / 1e9) / wall_s if wall_s > 0 else None,
+        "throughput_rps": len(done) / span_s,
+        "prompt_tps": prompt / span_s,
+        "gen_tps": gen / span_s,
+        "ttft_ms": stats_ms(ttft),
+        "tpot_ms": stats_ms(tpot),
+        "itl_ms": stats_ms(itl_ns),
+        "latency_ms": stats_ms(lat),
+        "preemptions": preemptions,
+        "prefix_hit_tokens": hit_tokens,
+        "prefix_hit_ratio": hit_tokens / queried_tokens if queried_tokens else 0.0,
+    }

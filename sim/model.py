@@ -1,0 +1,242 @@
+"""Model architecture specs: what the simulator needs to know about a transformer.
+
+Specs come from the project's own YAML files under ``profiles/models/`` (looked up by
+name or alias) or from a Hugging Face ``config.json`` given by path. From a spec follow
+the weight bytes, the KV-cache bytes per token and the per-block layer sequence that the
+latency providers walk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from sim.errors import InputError, unknown_name
+from sim.paths import profiles_root
+
+DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
+               "fp32": 4, "fp8": 1, "float8": 1, "int8": 1}
+
+# The per-decoder-block layer sequence of each architecture family, in execution order.
+# Names match the profile bundles' layer names (vLLM module names). "attention" is looked
+# up in attention.csv, "moe" in moe.csv, the rest in dense.csv. Tensor-parallel
+# all-reduces follow o_proj and down_proj/moe.
+BLOCK_SEQUENCES: dict[str, tuple[str, ...]] = {
+    "llama": ("layernorm", "qkv_proj", "rotary_emb", "attention", "o_proj", "layernorm",
+              "gate_up_proj", "act_fn", "down_proj"),
+    "qwen3": ("layernorm", "qkv_proj", "qk_norm", "rotary_emb", "attention", "o_proj",
+              "layernorm", "gate_up_proj", "act_fn", "down_proj"),
+    "qwen3_moe": ("layernorm", "qkv_proj", "qk_norm", "rotary_emb", "attention", "o_proj",
+                  "layernorm", "moe"),
+    "mixtral": ("layernorm", "qkv_proj", "rotary_emb", "attention", "o_proj", "layernorm",
+                "moe"),
+}
+PROLOGUE = ("embedding",)
+HEAD_DENSE = ("final_layernorm",)
+HEAD_PER_SEQUENCE = ("lm_head", "sampler")
+# Layers after which a TP all-reduce runs (row-parallel outputs).
+TP_ALLREDUCE_AFTER = frozenset({"o_proj", "down_proj", "moe"})
+
+_HF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3",
+                      "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype: str = "bfloat16"
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    aliases: tuple[str, ...] = field(default=())
+
+    # ---- derived quantities -------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def block_sequence(self) -> tuple[str, ...]:
+        return BLOCK_SEQUENCES[self.architecture]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+
+    def mlp_params(self) -> int:
+        """Parameters of one block's MLP: the dense MLP or all experts plus the router."""
+        h = self.hidden_size
+        if self.is_moe:
+            return self.num_experts * 3 * h * self.moe_intermediate_size + h * self.num_experts
+        return 3 * h * self.intermediate_size
+
+    def active_mlp_params(self) -> int:
+        """Parameters one token touches in one block's MLP."""
+        h = self.hidden_size
+        if self.is_moe:
+            return self.num_experts_per_tok * 3 * h * self.moe_intermediate_size + h * self.num_experts
+        return 3 * h * self.intermediate_size
+
+    def param_count(self) -> int:
+        h = self.hidden_size
+        per_block = self.attention_params() + self.mlp_params() + 2 * h
+        if self.architecture in ("qwen3", "qwen3_moe"):
+            per_block += 2 * self.head_dim
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_hidden_layers * per_block + embed + lm_head + h
+
+    def weight_bytes(self, tp: int = 1, pp: int = 1, ep: int = 1) -> int:
+        """Weight bytes held by one NPU of a (tp, pp, ep) instance.
+
+        Attention and dense MLP weights shard over tp; experts shard over ep (and tp
+        within an expert); the embedding and lm_head shard over tp and live on the first
+        and last pipeline stage. Norms are replicated (negligible).
+        """
+        h = self.hidden_size
+        layers_per_stage = -(-self.num_hidden_layers // pp)
+        attn = self.attention_params() / tp
+        if self.is_moe:
+            experts = self.num_experts * 3 * h * self.moe_intermediate_size / (ep * tp)
+            mlp = experts + h * self.num_experts
+        else:
+            mlp = self.mlp_params() / tp
+        blocks = layers_per_stage * (attn + mlp + 2 * h)
+        embed = self.vocab_size * h / tp
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h / tp
+        ends = embed + lm_head if pp == 1 else max(embed, lm_head)
+        return int((blocks + ends) * self.dtype_bytes)
+
+    def kv_bytes_per_token(self, tp: int = 1, pp: int = 1) -> int:
+        """KV-cache bytes per token on one NPU (K and V, every layer of its stage)."""
+        kv_heads_per_rank = max(1, self.num_key_value_heads // tp)
+        layers_per_stage = -(-self.num_hidden_layers // pp)
+        return 2 * layers_per_stage * kv_heads_per_rank * self.head_dim * self.dtype_bytes
+
+    def check_tp(self, tp: int, source: str | None = None) -> None:
+        if tp < 1 or self.num_attention_heads % tp:
+            raise InputError(
+                f"tp_size={tp} does not divide num_attention_heads={self.num_attention_heads} "
+                f"of {self.name}", source=source)
+
+
+def _from_mapping(d: dict, source: str) -> ModelSpec:
+    required = ("name", "architecture", "hidden_size", "num_hidden_layers",
+                "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise InputError(f"model spec is missing field(s) {missing}", source=source)
+    arch = d["architecture"]
+    if arch not in BLOCK_SEQUENCES:
+        raise unknown_name("architecture", arch, BLOCK_SEQUENCES, source)
+    heads = int(d["num_attention_heads"])
+    spec = ModelSpec(
+        name=str(d["name"]),
+        architecture=arch,
+        hidden_size=int(d["hidden_size"]),
+        num_hidden_layers=int(d["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+        intermediate_size=int(d["intermediate_size"]),
+        vocab_size=int(d["vocab_size"]),
+        dtype=str(d.get("dtype") or "bfloat16"),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        num_experts=int(d.get("num_experts") or 0),
+        num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
+        aliases=tuple(d.get("aliases") or ()),
+    )
+    if spec.dtype not in DTYPE_BYTES:
+        raise unknown_name("dtype", spec.dtype, DTYPE_BYTES, source)
+    if spec.is_moe and not (spec.num_experts_per_tok and spec.moe_intermediate_size):
+        raise InputError("an MoE model needs num_experts_per_tok and moe_intermediate_size",
+                         source=source)
+    return spec
+
+
+def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """Build a spec from a Hugging Face ``config.json``."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read model config: {exc}", source=str(path)) from None
+    model_type = cfg.get("model_type")
+    if model_type not in _HF_ARCH_TO_FAMILY:
+        raise unknown_name("model_type", model_type, _HF_ARCH_TO_FAMILY, str(path))
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0)
+    mapping = {
+        "name": name or cfg.get("_name_or_path") or path.stem,
+        "architecture": _HF_ARCH_TO_FAMILY[model_type],
+        "hidden_size": cfg.get("hidden_size"),
+        "num_hidden_layers": cfg.get("num_hidden_layers"),
+        "num_attention_heads": cfg.get("num_attention_heads"),
+        "num_key_value_heads": cfg.get("num_key_value_heads"),
+        "head_dim": cfg.get("head_dim"),
+        "intermediate_size": cfg.get("intermediate_size"),
+        "vocab_size": cfg.get("vocab_size"),
+        "dtype": cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16",
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
+        "num_experts": experts,
+        "num_experts_per_tok": cfg.get("num_experts_per_tok") or 0,
+        "moe_intermediate_size": moe_inter,
+    }
+    return _from_mapping(mapping, str(path))
+
+
+@cache
+def _catalogue() -> dict[str, ModelSpec]:
+    out: dict[str, ModelSpec] = {}
+    for f in sorted((profiles_root() / "models").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(f.read_text())
+        except yaml.YAMLError as exc:
+            raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+        spec = _from_mapping(data or {}, str(f))
+        for key in (spec.name, spec.name.split("/")[-1], f.stem, *spec.aliases):
+            out[key] = spec
+    return out
+
+
+def known_models() -> list[str]:
+    return sorted({s.name for s in _catalogue().values()})
+
+
+def load_model(name_or_path: str, source: str | None = None) -> ModelSpec:
+    """Resolve a model by catalogue name/alias, or by path to a HF config.json."""
+    cat = _catalogue()
+    if name_or_path in cat:
+        return cat[name_or_path]
+    p = Path(name_or_path)
+    if p.suffix == ".json" and p.is_file():
+        return from_hf_config(p)
+    if p.is_dir() and (p / "config.json").is_file():
+        return from_hf_config(p / "config.json", name=p.name)
+    raise unknown_name("model", name_or_path, known_models(), source)

@@ -1,0 +1,63 @@
+"""Simulation options: the vLLM engine knobs plus simulator settings.
+
+Defaults follow vLLM 0.19's engine defaults where they exist (block_size 16, prefix
+caching on, chunked prefill on, max_num_seqs 256) and the validation setup's token budget
+(max_num_batched_tokens 2048). Per-instance values in the cluster config override these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from sim.errors import InputError
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    #: 0 = no per-request cap on a prefill chunk (vLLM's default)
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    #: vLLM's scheduler_reserve_full_isl: admit a waiting request only if its whole
+    #: sequence fits in free KV blocks, not merely its first chunk
+    reserve_full_isl: bool = True
+    routing_policy: str = "LOAD"
+    seed: int = 0
+    #: "auto" (measured where a bundle exists, else roofline), "measured", "roofline", "aic"
+    latency_provider: str = "auto"
+    #: extra folders searched for profile bundles (before the project's and ../shared's)
+    profiles_dirs: tuple[str, ...] = ()
+    #: "inproc" (default) or "subprocess" (a long-lived astra-sim process)
+    backend: str = "inproc"
+    astra_sim_bin: str | None = None
+    #: width of the time-series buckets
+    timeseries_interval_ns: int = 1_000_000_000
+    #: stop after this much simulated time (None = run to completion)
+    max_sim_time_ns: int | None = None
+    progress: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def replace(self, **kw) -> SimOptions:
+        return replace(self, **kw)
+
+    def for_instance(self, overrides: dict) -> SimOptions:
+        """These options with an instance's per-instance overrides applied."""
+        return replace(self, **overrides) if overrides else self
+
+    def validate(self) -> None:
+        def pos(name: str) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"option {name} must be a positive integer, got {v!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            pos(name)
+        if self.long_prefill_token_threshold < 0:
+            raise InputError("option long_prefill_token_threshold must be >= 0")
+        if self.backend not in ("inproc", "subprocess"):
+            raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
+
+
+OPTION_NAMES = tuple(f.name for f in fields(SimOptions))

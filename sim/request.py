@@ -1,0 +1,69 @@
+"""Requests: plain data mutated by the scheduler, read by metrics.
+
+A request is created from a workload line (or a generator), routed to one instance, and
+moves WAITING -> RUNNING (-> PREEMPTED -> WAITING ...) -> FINISHED. Token accounting
+follows vLLM: ``num_computed`` tokens have KV in cache; the sequence is the prompt plus
+the ``num_output`` tokens generated so far.
+"""
+
+from __future__ import annotations
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+class Request:
+    __slots__ = (
+        "rid", "arrival_ns", "input_len", "output_len", "input_ids", "output_ids",
+        "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
+        # runtime state
+        "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
+        "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
+        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node",
+    )
+
+    def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
+                 input_ids: list[int] | None = None, output_ids: list[int] | None = None,
+                 session_id: str | None = None, sub_index: int = 0, tool_ns: int = 0) -> None:
+        self.rid = rid
+        self.arrival_ns = arrival_ns
+        self.input_len = input_len
+        self.output_len = output_len
+        self.input_ids = input_ids
+        self.output_ids = output_ids
+        self.session_id = session_id
+        self.sub_index = sub_index
+        self.tool_ns = tool_ns
+        self.next_sub: Request | None = None
+        self.client_id = -1
+        self.instance_id = -1
+        self.status = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.num_blocks = 0
+        self.block_ids: list[int] = []
+        self.prefix_hit = 0
+        self.preemptions = 0
+        self.first_scheduled_ns = -1
+        self.first_token_ns = -1
+        self.last_token_ns = -1
+        self.finish_ns = -1
+        self.itl_max_ns = 0
+        self.cached_hashes = None
+        self.cache_node = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the sequence so far: prompt plus generated tokens."""
+        return self.input_len + self.num_output
+
+    def token_ids(self) -> list[int] | None:
+        """Token ids of the current sequence, when the workload gave them."""
+        if self.input_ids is None:
+            return None
+        if self.num_output and self.output_ids:
+            return self.input_ids + self.output_ids[: self.num_output]
+        return self.input_ids
+
+    def __repr__(self) -> str:
+        return (f"Request(rid={self.rid}, in={self.input_len}, out={self.output_len}, "
+                f"computed={self.num_computed}, generated={self.num_output})")
