@@ -64,23 +64,28 @@ class KVCacheManager:
         return -(-tokens // self.block_size)
 
     # -------------------------------------------------------------- prefix cache
-    def _block_keys(self, ids: list[int], n_blocks: int):
+    def _block_key(self, req: Request, i: int) -> tuple:
+        """Token ids of block ``i`` of ``req``'s sequence (prompt then generated tokens)."""
         bs = self.block_size
-        return [tuple(ids[i * bs:(i + 1) * bs]) for i in range(n_blocks)]
+        lo, hi = i * bs, (i + 1) * bs
+        ids, n_in = req.input_ids, req.input_len
+        if hi <= n_in:
+            return tuple(ids[lo:hi])
+        out = req.output_ids
+        if lo >= n_in:
+            return tuple(out[lo - n_in:hi - n_in])
+        return tuple(ids[lo:]) + tuple(out[:hi - n_in])
 
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (at most num_tokens - 1)."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or req.input_ids is None:
             return []
-        ids = req.token_ids()
-        if ids is None:
-            return []
-        max_blocks = (req.num_tokens - 1) // self.block_size
+        known = req.input_len + (req.num_output if req.output_ids else 0)
+        max_blocks = (min(req.num_tokens, known + 1) - 1) // self.block_size
         node = self.root
         hit: list[int] = []
-        bs = self.block_size
         for i in range(max_blocks):
-            child = node.children.get(tuple(ids[i * bs:(i + 1) * bs]))
+            child = node.children.get(self._block_key(req, i))
             if child is None:
                 break
             hit.append(child.block_id)
@@ -89,22 +94,20 @@ class KVCacheManager:
 
     def cache_full_blocks(self, req: Request) -> None:
         """Enter ``req``'s newly full, computed blocks into the radix tree."""
-        if not self.enable_prefix_caching:
-            return
-        ids = req.token_ids()
-        if ids is None:
-            return
-        full = min(req.num_computed, len(ids)) // self.block_size
+        full = req.num_computed // self.block_size
         start = req.cached_hashes or 0
-        if full <= start:
+        if full <= start or req.input_ids is None:
             return
-        bs = self.block_size
+        if full * self.block_size > req.input_len and not req.output_ids:
+            full = req.input_len // self.block_size  # generated ids unknown: prompt only
+            if full <= start:
+                return
         node = req.cache_node if start else self.root
         if node is None or (start and self.node[req.block_ids[start - 1]] is not node):
             # The path to our last cached block was evicted meanwhile: re-walk from root.
             node, start = self.root, 0
         for i in range(start, full):
-            key = tuple(ids[i * bs:(i + 1) * bs])
+            key = self._block_key(req, i)
             child = node.children.get(key)
             bid = req.block_ids[i]
             if child is None:

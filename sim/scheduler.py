@@ -159,6 +159,7 @@ class Scheduler:
         finished: list[Request] = []
         kv = self.kv
         caching = kv.enable_prefix_caching
+        bs = kv.block_size
         for req, n in zip(batch.requests, batch.num_new):
             if req.status != RUNNING:
                 continue
@@ -178,7 +179,7 @@ class Scheduler:
                     req.status = FINISHED
                     req.finish_ns = now
                     finished.append(req)
-            if caching:
+            if caching and req.num_computed // bs > (req.cached_hashes or 0):
                 kv.cache_full_blocks(req)
         if finished:
             done = set(id(r) for r in finished)

@@ -1,0 +1,96 @@
+"""Replay a real vLLM measurement through the simulator and print the error table.
+
+    python experiments/validate_vllm.py [VALIDATION_DIR ...] [--latency-provider measured|roofline]
+
+A validation folder holds cluster.json and vllm/{meta.json,requests.jsonl}. meta.json names
+the dataset (relative to ../shared/data) and the engine's batching limits, which are
+replayed as they were. Measured TTFT = first_token_ts - queued_ts, TPOT = (last -
+first) / (output - 1), E2E = last_token_ts - queued_ts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import sim
+from sim.paths import shared_data_root
+
+METRICS = ("ttft", "tpot", "e2e")
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def measured_stats(requests_jsonl: Path) -> dict[str, dict[str, float]]:
+    rows = [json.loads(line) for line in requests_jsonl.read_text().splitlines() if line.strip()]
+    ttft = [r["first_token_ts"] - r["queued_ts"] for r in rows]
+    tpot = [(r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1) for r in rows]
+    e2e = [r["last_token_ts"] - r["queued_ts"] for r in rows]
+    return {m: _stats(np.asarray(v) * 1e3) for m, v in zip(METRICS, (ttft, tpot, e2e))}
+
+
+def _stats(a: np.ndarray) -> dict[str, float]:
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+
+
+def simulate_validation(folder: Path, latency_provider: str = "measured") -> tuple[dict, dict]:
+    meta = json.loads((folder / "vllm" / "meta.json").read_text())
+    kw = meta["engine_kwargs"]
+    kv = meta.get("kv_cache", {})
+    dataset = shared_data_root() / meta["dataset_path"]
+    cluster = sim.load_cluster(folder / "cluster.json")
+    opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
+                          max_num_batched_tokens=kw["max_num_batched_tokens"],
+                          block_size=kv.get("block_size", 16),
+                          enable_prefix_caching=kv.get("enable_prefix_caching", True),
+                          latency_provider=latency_provider)
+    workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
+    result = sim.simulate(cluster, workload, opts)
+    s = result.summary
+    simulated = {"ttft": s["ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["latency_ms"]}
+    info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
+            "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
+            "provider": s["latency_provider"]}
+    return simulated, info
+
+
+def error_table(measured: dict, simulated: dict) -> list[tuple[str, str, float, float, float]]:
+    rows = []
+    for m in METRICS:
+        for st in STATS:
+            a, b = measured[m][st], simulated[m][st]
+            rows.append((m, st, a, b, 100.0 * (b - a) / a))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="*", type=Path)
+    ap.add_argument("--latency-provider", default="measured")
+    args = ap.parse_args(argv)
+    folders = args.folders or sorted(p for p in (shared_data_root() / "validation").glob("*")
+                                     if (p / "vllm" / "meta.json").is_file())
+    if not folders:
+        print(f"no validation folders under {shared_data_root() / 'validation'}", file=sys.stderr)
+        return 2
+    worst = 0.0
+    for folder in folders:
+        measured = measured_stats(folder / "vllm" / "requests.jsonl")
+        simulated, info = simulate_validation(folder, args.latency_provider)
+        print(f"\n{folder.name}  (latency provider: {info['provider']}, sim wall {info['wall_s']:.2f} s, "
+              f"KV blocks sim {info['kv_blocks_sim']} vs vLLM {info['kv_blocks_vllm']}, "
+              f"preemptions {info['preemptions']})")
+        print(f"{'metric':8s}{'stat':6s}{'vLLM (ms)':>14s}{'sim (ms)':>14s}{'error':>9s}")
+        for m, st, a, b, err in error_table(measured, simulated):
+            print(f"{m:8s}{st:6s}{a:14.2f}{b:14.2f}{err:8.2f}%")
+            worst = max(worst, abs(err))
+    print(f"\nworst |error|: {worst:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""``llmsim``: run one simulation (the equivalent of LLMServingSim's ``python -m serving``).
+
+    llmsim run --cluster cluster.json --dataset workload.jsonl --output out.csv [--summary s.json]
+    llmsim profiles list [--hardware HW] [--model M] [--tp N]
+    llmsim profile --model M --hardware HW --out DIR [--tp 1 2] [--device cuda|cpu]
+
+User errors print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from sim.errors import EXIT_INPUT_ERROR, InputError
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="simulate one workload on one cluster")
+    p.add_argument("--cluster", required=True, help="cluster config (LLMServingSim JSON or YAML)")
+    p.add_argument("--dataset", required=True, help="workload JSONL (flat requests and sessions)")
+    p.add_argument("--profiles", action="append", default=[],
+                   help="extra folder of profile bundles (<HW>/<org>/<model>/<variant>/)")
+    p.add_argument("--num-reqs", type=int, default=None, help="replay only the first N entries")
+    p.add_argument("--output", required=True, help="per-request CSV")
+    p.add_argument("--summary", default=None, help="summary JSON (default: <output>.summary.json)")
+    p.add_argument("--timeseries", default=None,
+                   help="per-interval CSV (default: <output>.timeseries.csv)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's scheduler_reserve_full_isl admission rule")
+    p.add_argument("--request-routing-policy", default="LOAD")
+    p.add_argument("--latency-provider", default="auto",
+                   help="auto (measured where a bundle exists, else roofline), measured, "
+                        "roofline, aic")
+    p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
+    p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
+    p.add_argument("--timeseries-interval-s", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="WARNING",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _run(args) -> int:
+    import sim
+    from sim.options import SimOptions
+
+    if args.num_reqs is not None and args.num_reqs < 1:
+        raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
+    cluster = sim.load_cluster(args.cluster)
+    workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
+    opts = SimOptions(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
+        routing_policy=args.request_routing_policy, seed=args.seed,
+        latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
+        backend=args.backend, astra_sim_bin=args.astra_sim_bin,
+        timeseries_interval_ns=int(args.timeseries_interval_s * 1e9),
+        progress=sys.stderr.isatty())
+    result = sim.simulate(cluster, workload, opts)
+    out = Path(args.output)
+    summary = args.summary or str(out.with_suffix("")) + ".summary.json"
+    series = args.timeseries or str(out.with_suffix("")) + ".timeseries.csv"
+    result.write(out, summary, series)
+    s = result.summary
+    print(f"{s['num_finished']}/{s['num_requests']} requests in {s['simulated_s']:.2f} s simulated "
+          f"({s['wall_s']:.2f} s wall) | latency: {s['latency_provider']} | "
+          f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
+          f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
+          f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    print(f"wrote {out}, {summary}, {series}")
+    if s.get("latency_extrapolations"):
+        print(f"note: lookups outside the measured grid (extrapolated): "
+              f"{json.dumps(s['latency_extrapolations'])}", file=sys.stderr)
+    return 0
+
+
+def _add_profiles(sub) -> None:
+    p = sub.add_parser("profiles", help="what latency data is available")
+    psub = p.add_subparsers(dest="profiles_cmd", required=True)
+    lp = psub.add_parser("list", help="list bundles and which provider answers a (hw, model, tp)")
+    lp.add_argument("--hardware", default=None)
+    lp.add_argument("--model", default=None)
+    lp.add_argument("--tp", type=int, default=1)
+    lp.add_argument("--profiles", action="append", default=[])
+
+
+def _profiles(args) -> int:
+    from sim.latency.measured import bundle_search_dirs
+
+    found = False
+    for d in bundle_search_dirs(args.profiles):
+        for meta in sorted(Path(d).glob("*/*/*/*/meta.yaml")):
+            variant = meta.parent
+            hw = variant.parts[-4]
+            model = "/".join(variant.parts[-3:-1])
+            if args.hardware and hw != args.hardware:
+                continue
+            if args.model and args.model not in model:
+                continue
+            tps = sorted(p.name for p in variant.glob("tp*"))
+            print(f"measured  {hw:12s} {model:45s} {variant.name:6s} {','.join(tps):10s} {variant}")
+            found = True
+    if args.hardware and args.model:
+        try:
+            from sim.latency.catalogue import available_providers
+        except ImportError:
+            available_providers = None
+        if available_providers is not None:
+            for entry in available_providers(args.hardware, args.model, args.tp, args.profiles):
+                print(f"provider  {entry}")
+                found = True
+    if not found:
+        print("no bundles found", file=sys.stderr)
+    return 0
+
+
+def _add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="measure a profile bundle with PyTorch")
+    p.add_argument("--model", required=True)
+    p.add_argument("--hardware", required=True, help="name to file the bundle under")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tp", type=int, nargs="+", default=[1])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--tiny", action="store_true", help="tiny grid (for tests on CPU)")
+
+
+def _profile(args) -> int:
+    from sim.model import load_model
+    try:
+        from sim.profiler import profile_bundle
+    except ImportError as exc:
+        raise InputError(f"the profiler is unavailable: {exc}") from None
+    model = load_model(args.model, source="--model")
+    path = profile_bundle(model, args.hardware, Path(args.out), tp_degrees=tuple(args.tp),
+                          device=args.device, iterations=args.iterations, tiny=args.tiny)
+    print(f"wrote bundle {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmsim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_run(sub)
+    _add_profiles(sub)
+    _add_profile(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "WARNING"))
+    try:
+        if args.cmd == "run":
+            return _run(args)
+        if args.cmd == "profiles":
+            return _profiles(args)
+        return _profile(args)
+    except InputError as exc:
+        print(f"llmsim: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def cli() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
