@@ -64,6 +64,11 @@ class AnalyticalBackend:
             ar = ring_allreduce_ns(act_bytes, inst.tp, self.link_bw, self.link_latency)
             per_block = sum(1 for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
             total += math.ceil(ar) * per_block * lt.num_blocks
+        if inst.pp > 1:
+            # Activations cross pp-1 stage boundaries, one point-to-point send each.
+            act_bytes = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+            bytes_per_ns = self.link_bw * (1 << 30) / 1e9
+            total += (inst.pp - 1) * math.ceil(self.link_latency + act_bytes / bytes_per_ns)
         return int(total)
 
     def close(self) -> None:

@@ -91,10 +91,6 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
     divide the heads, weights that do not fit, or features not modelled yet."""
     opts.validate()
     problems = unsupported_features(cluster)
-    for inst in cluster.instances:
-        if inst.pp_size > 1:
-            problems.append(f"{cluster.source}: instance {inst.instance_id}: pp_size="
-                            f"{inst.pp_size} (pipeline parallelism) is not modelled yet")
     if problems:
         raise InputError(problems[0])
     for inst in cluster.instances:
@@ -191,8 +187,15 @@ class Simulator:
             for r in heads:
                 heapq.heappush(pending, (r.arrival_ns, r.rid, r))
 
-        in_flight: list[tuple[int, int, Batch]] = []  # (end_ns, instance index, batch)
-        busy = [False] * len(self.instances)
+        # Iterations in flight: (end_ns, seq, instance index, batch or None). A None batch is
+        # a wake-up: with pipeline parallelism an instance may issue its next batch once
+        # the previous one has left the first stage, up to pp batches in flight.
+        in_flight: list[tuple[int, int, int, Batch | None]] = []
+        seq = 0
+        n_inst = len(self.instances)
+        inflight_count = [0] * n_inst
+        free_at = [0] * n_inst
+        depth = [inst.pp for inst in self.instances]
         now = 0
         remaining = len(all_reqs)
         max_time = opts.max_sim_time_ns
@@ -201,7 +204,7 @@ class Simulator:
             # 1. Next event time: an iteration ending or (if something is idle) an arrival.
             t_next = in_flight[0][0] if in_flight else None
             if pending and (t_next is None or pending[0][0] < t_next):
-                if not all(busy):
+                if any(inflight_count[i] < depth[i] for i in range(n_inst)):
                     t_next = pending[0][0] if t_next is None else min(t_next, pending[0][0])
             if t_next is None:
                 raise RuntimeError("simulation stalled: requests remain but nothing can run "
@@ -216,8 +219,10 @@ class Simulator:
                 schedulers[router.choose(req, schedulers)].add_request(req)
             # 3. Retire iterations that end now.
             while in_flight and in_flight[0][0] <= now:
-                end, idx, batch = heapq.heappop(in_flight)
-                busy[idx] = False
+                end, _, idx, batch = heapq.heappop(in_flight)
+                if batch is None:
+                    continue
+                inflight_count[idx] -= 1
                 sch = schedulers[idx]
                 finished = sch.complete(batch, end, itl)
                 series.record(end, batch.prefill_tokens, batch.decode_tokens + len(finished) * 0,
@@ -241,20 +246,27 @@ class Simulator:
                 schedulers[router.choose(req, schedulers)].add_request(req)
             # 4. Idle instances schedule their next batch.
             for idx, inst in enumerate(self.instances):
-                if busy[idx]:
+                if inflight_count[idx] >= depth[idx] or free_at[idx] > now:
                     continue
                 batch = inst.scheduler.schedule(now)
                 if batch is None:
-                    if inst.scheduler.waiting and not inst.scheduler.running:
+                    if (inst.scheduler.waiting and not inst.scheduler.running
+                            and inflight_count[idx] == 0):
                         head = inst.scheduler.waiting[0]
                         raise InputError(
                             f"request {head.rid} needs {head.num_tokens} tokens of KV but instance "
                             f"{inst.instance_id} holds at most "
                             f"{(inst.num_kv_blocks - 1) * inst.opts.block_size}")
                     continue
-                dur = backend.iteration_ns(inst, batch.shape)
-                busy[idx] = True
-                heapq.heappush(in_flight, (now + max(1, dur), idx, batch))
+                dur = max(1, backend.iteration_ns(inst, batch.shape))
+                inflight_count[idx] += 1
+                seq += 1
+                heapq.heappush(in_flight, (now + dur, seq, idx, batch))
+                if depth[idx] > 1:
+                    # Equal stages: the next batch may enter stage 0 after one stage time.
+                    free_at[idx] = now + max(1, dur // depth[idx])
+                    seq += 1
+                    heapq.heappush(in_flight, (free_at[idx], seq, idx, None))
         if progress is not None:
             progress.close()
         wall = time.perf_counter() - wall0

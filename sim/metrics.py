@@ -112,8 +112,16 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
     span_s = max(1e-9, (sim_end_ns - start) / 1e9)
     prompt = sum(r.input_len for r in done)
     gen = sum(r.num_output for r in done)
+    sessions: dict[str, list[Request]] = {}
+    for r in done:
+        if r.session_id is not None:
+            sessions.setdefault(r.session_id, []).append(r)
+    session_e2e = [max(x.last_token_ns for x in rs) - min(x.arrival_ns for x in rs)
+                   for rs in sessions.values()]
     return {
         "num_requests": len(requests),
+        "num_sessions": len(sessions),
+        "session_e2e_ms": stats_ms(session_e2e) if sessions else None,
         "num_finished": len(done),
         "simulated_s": sim_end_ns / 1e9,
         "wall_s": wall_s,

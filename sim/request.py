@@ -18,7 +18,7 @@ class Request:
         # runtime state
         "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
         "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node",
+        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight",
     )
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
@@ -50,6 +50,7 @@ class Request:
         self.itl_max_ns = 0
         self.cached_hashes = None
         self.cache_node = None
+        self.in_flight = False
 
     @property
     def num_tokens(self) -> int:

@@ -79,6 +79,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if req.in_flight:  # pipeline parallelism: its previous step is still running
+                i += 1
+                continue
             n = req.num_tokens - req.num_computed
             if threshold and n > threshold:
                 n = threshold
@@ -134,6 +137,8 @@ class Scheduler:
 
         if not reqs:
             return None
+        for req in reqs:
+            req.in_flight = True
         prefill_tokens = prefill_kv = n_dec = kv_sum = 0
         kv_max = 0
         kv_min = 1 << 62
@@ -161,6 +166,7 @@ class Scheduler:
         caching = kv.enable_prefix_caching
         bs = kv.block_size
         for req, n in zip(batch.requests, batch.num_new):
+            req.in_flight = False
             if req.status != RUNNING:
                 continue
             req.num_computed += n
