@@ -1,0 +1,164 @@
+"""Accelerator specs: the project's hardware catalogue under ``profiles/hardware/``.
+
+Each YAML file describes one device with the units in the field names (TFLOPS, GiB, GB/s,
+ns, W). Names are looked up exactly, then by alias, then case-insensitively, so "H100",
+"h100-sxm" and "H100-SXM" resolve to the same spec; the canonical names match the
+profile-bundle folder names (``RTX4090``, ``RTXPRO6000``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from sim.errors import InputError, unknown_name
+from sim.paths import profiles_root
+
+REQUIRED_FIELDS = ("name", "peak_tflops", "mem_size_GiB", "mem_bw_GBps", "link_bw_GBps",
+                   "link_latency_ns", "power_idle_W", "power_tdp_W")
+# ModelSpec.dtype spellings -> the peak_tflops key that serves them.
+_DTYPE_KEY = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
+              "half": "fp16", "float32": "fp32", "fp32": "fp32", "fp8": "fp8", "float8": "fp8",
+              "int8": "fp8"}
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    #: dense (no sparsity) peak tensor throughput per dtype key (bf16, fp16, fp8, fp32)
+    peak_tflops: dict[str, float]
+    mem_size_GiB: float
+    mem_bw_GBps: float
+    #: intra-node link, per direction
+    link_bw_GBps: float
+    link_latency_ns: float
+    power_idle_W: float
+    power_tdp_W: float
+    kind: str = "gpu"
+    vendor: str = ""
+    link_type: str = ""
+    compute_capability: str | None = None
+    clock_GHz: float | None = None
+    price_per_hour_usd: float | None = None
+    aliases: tuple[str, ...] = field(default=())
+    source: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a model dtype (fp8/int8 fall back to bf16 where absent)."""
+        key = _DTYPE_KEY.get(dtype, dtype)
+        tf = self.peak_tflops.get(key)
+        if tf is None and key in ("fp8", "fp16"):
+            tf = self.peak_tflops.get("bf16")
+        if tf is None and key == "bf16":
+            tf = self.peak_tflops.get("fp16")
+        if tf is None:
+            raise InputError(f"hardware {self.name!r} has no peak_tflops for dtype {dtype!r} "
+                             f"(has {sorted(self.peak_tflops)})", source=self.source or None)
+        return tf * 1e12
+
+    @property
+    def mem_bw_Bps(self) -> float:
+        return self.mem_bw_GBps * 1e9
+
+
+def _number(d: dict, key: str, source: str) -> float:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise InputError(f"field {key!r} must be a non-negative number, got {v!r}", source=source)
+    return float(v)
+
+
+def _from_mapping(d: object, source: str) -> HardwareSpec:
+    if not isinstance(d, dict):
+        raise InputError("hardware spec must be a mapping", source=source)
+    for key in REQUIRED_FIELDS:
+        if key not in d:
+            raise InputError(f"hardware spec is missing field {key!r}", source=source)
+    peak = d["peak_tflops"]
+    if not isinstance(peak, dict) or not peak:
+        raise InputError("field 'peak_tflops' must map dtype -> TFLOPS", source=source)
+    for k, v in peak.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise InputError(f"field 'peak_tflops.{k}' must be a positive number, got {v!r}",
+                             source=source)
+    if not ({"bf16", "fp16"} & set(peak)):
+        raise InputError("field 'peak_tflops' needs a bf16 or fp16 entry", source=source)
+    opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd")}
+    for k, v in opt.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise InputError(f"field {k!r} must be a non-negative number, got {v!r}", source=source)
+    cc = d.get("compute_capability")
+    return HardwareSpec(
+        name=str(d["name"]),
+        peak_tflops={str(k): float(v) for k, v in peak.items()},
+        mem_size_GiB=_number(d, "mem_size_GiB", source),
+        mem_bw_GBps=_number(d, "mem_bw_GBps", source),
+        link_bw_GBps=_number(d, "link_bw_GBps", source),
+        link_latency_ns=_number(d, "link_latency_ns", source),
+        power_idle_W=_number(d, "power_idle_W", source),
+        power_tdp_W=_number(d, "power_tdp_W", source),
+        kind=str(d.get("kind") or "gpu"),
+        vendor=str(d.get("vendor") or ""),
+        link_type=str(d.get("link_type") or ""),
+        compute_capability=None if cc is None else str(cc),
+        clock_GHz=None if opt["clock_GHz"] is None else float(opt["clock_GHz"]),
+        price_per_hour_usd=(None if opt["price_per_hour_usd"] is None
+                            else float(opt["price_per_hour_usd"])),
+        aliases=tuple(str(a) for a in (d.get("aliases") or ())),
+        source=source,
+    )
+
+
+def hardware_dir(directory: str | os.PathLike | None = None) -> Path:
+    return Path(directory) if directory is not None else profiles_root() / "hardware"
+
+
+@cache
+def _catalogue_at(directory: str) -> tuple[dict[str, HardwareSpec], dict[str, HardwareSpec]]:
+    exact: dict[str, HardwareSpec] = {}
+    for f in sorted(Path(directory).glob("*.yaml")):
+        try:
+            data = yaml.safe_load(f.read_text())
+        except yaml.YAMLError as exc:
+            raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+        spec = _from_mapping(data, str(f))
+        if spec.name in exact and exact[spec.name].source != spec.source:
+            raise InputError(f"hardware name {spec.name!r} also defined in "
+                             f"{exact[spec.name].source}", source=str(f))
+        exact[spec.name] = spec
+    by_key: dict[str, HardwareSpec] = {}
+    for spec in exact.values():
+        for key in (spec.name, Path(spec.source).stem, *spec.aliases):
+            by_key.setdefault(key, spec)
+    folded = {k.casefold(): s for k, s in by_key.items()}
+    return by_key, folded
+
+
+def _catalogue(directory=None):
+    return _catalogue_at(str(hardware_dir(directory).resolve()))
+
+
+def known_hardware(directory: str | os.PathLike | None = None) -> list[str]:
+    """Canonical names of every device in the catalogue."""
+    by_key, _ = _catalogue(directory)
+    return sorted({s.name for s in by_key.values()})
+
+
+def load_hardware(name: str, source: str | None = None, *,
+                  directory: str | os.PathLike | None = None) -> HardwareSpec:
+    """Resolve a device by name or alias (case-insensitive); ``source`` names the config
+    that asked, for the error message."""
+    by_key, folded = _catalogue(directory)
+    spec = by_key.get(name) or folded.get(str(name).casefold())
+    if spec is None:
+        raise unknown_name("hardware", name, known_hardware(directory), source)
+    return spec
+
+
+def clear_cache() -> None:
+    """Forget loaded catalogues (tests that write YAML files call this)."""
+    _catalogue_at.cache_clear()

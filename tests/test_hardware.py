@@ -1,0 +1,79 @@
+"""The hardware catalogue: every file loads, names resolve, bad files are named."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from sim.errors import InputError
+from sim.hardware import REQUIRED_FIELDS, clear_cache, hardware_dir, known_hardware, load_hardware
+
+EXPECTED = {"A100-80G-SXM", "H100-SXM", "H200-SXM", "B200", "L40S", "RTX4090", "RTXPRO6000",
+            "NPU", "PIM"}
+
+
+def test_catalogue_has_every_device_and_sane_numbers():
+    names = set(known_hardware())
+    assert EXPECTED <= names
+    for name in names:
+        hw = load_hardware(name)
+        assert hw.peak_flops("bfloat16") > 0
+        assert hw.mem_bw_GBps > 0 and hw.mem_size_GiB > 0
+        assert hw.power_tdp_W >= hw.power_idle_W > 0
+        assert hw.link_bw_GBps > 0 and hw.link_latency_ns > 0
+
+
+def test_datasheet_orderings():
+    h100, h200, a100 = load_hardware("H100-SXM"), load_hardware("H200-SXM"), load_hardware("A100")
+    assert h200.mem_bw_GBps > h100.mem_bw_GBps > a100.mem_bw_GBps
+    assert h100.peak_flops("fp8") == pytest.approx(2 * h100.peak_flops("bf16"), rel=0.01)
+    # The paper NPU: 128x128 systolic array at 1 GHz
+    assert load_hardware("NPU").peak_flops("fp16") == pytest.approx(2 * 128 * 128 * 1e9, rel=1e-3)
+
+
+def test_aliases_and_case_resolve_to_canonical_names():
+    assert load_hardware("H100").name == "H100-SXM"
+    assert load_hardware("a100").name == "A100-80G-SXM"
+    assert load_hardware("rtx4090").name == "RTX4090"
+    assert load_hardware("RTXPRO6000").name == "RTXPRO6000"
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(InputError) as exc:
+        load_hardware("TPU-v9", source="cluster.json")
+    msg = str(exc.value)
+    assert "cluster.json" in msg and "TPU-v9" in msg
+    assert "H100-SXM" in msg and "RTX4090" in msg
+
+
+@pytest.mark.parametrize("missing", ["mem_bw_GBps", "peak_tflops", "power_tdp_W"])
+def test_missing_field_names_file_and_field(tmp_path, monkeypatch, missing):
+    hw = tmp_path / "hardware"
+    hw.mkdir()
+    data = yaml.safe_load((hardware_dir() / "H100-SXM.yaml").read_text())
+    del data[missing]
+    (hw / "Broken.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(tmp_path))
+    clear_cache()
+    try:
+        with pytest.raises(InputError) as exc:
+            load_hardware("H100-SXM")
+    finally:
+        clear_cache()
+    assert "Broken.yaml" in str(exc.value) and missing in str(exc.value)
+
+
+def test_loader_takes_a_directory(tmp_path):
+    shutil.copy(hardware_dir() / "L40S.yaml", tmp_path / "L40S.yaml")
+    assert known_hardware(tmp_path) == ["L40S"]
+    assert load_hardware("L40S", directory=tmp_path).mem_size_GiB == 48
+    with pytest.raises(InputError, match="known: L40S"):
+        load_hardware("H100", directory=tmp_path)
+
+
+def test_required_fields_present_in_every_file():
+    for f in hardware_dir().glob("*.yaml"):
+        data = yaml.safe_load(f.read_text())
+        assert all(k in data for k in REQUIRED_FIELDS), f
