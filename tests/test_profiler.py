@@ -1,0 +1,130 @@
+"""The PyTorch profiler: a tiny CPU run writes a bundle in LLMServingSim's format."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.errors import InputError
+from sim.model import BLOCK_SEQUENCES, HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
+
+torch = pytest.importorskip("torch")
+
+from sim.profiler import ProfileGrid, profile_bundle
+
+TINY_LLAMA = ModelSpec(name="test-org/Tiny-Llama", architecture="llama", hidden_size=256,
+                       num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                       head_dim=32, intermediate_size=512, vocab_size=2048)
+TINY_MOE = ModelSpec(name="test-org/Tiny-Qwen3-MoE", architecture="qwen3_moe", hidden_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, intermediate_size=256, vocab_size=1024, num_experts=8,
+                     num_experts_per_tok=2, moe_intermediate_size=64)
+GRID = ProfileGrid(tokens=(1, 8, 32, 128, 512), sequences=(1, 4, 16), chunks=(0, 16, 64),
+                   n_decode=(0, 1, 4), kv=(0, 16, 128), moe_tokens=(1, 4, 32))
+
+
+def _rows(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+@pytest.fixture(scope="module")
+def llama_bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundles")
+    torch.manual_seed(0)
+    return profile_bundle(TINY_LLAMA, "CPU-TEST", out, tp_degrees=(1, 2), device="cpu",
+                          grid=GRID, iterations=5, warmup=2, tiny=True)
+
+
+def test_bundle_layout_and_meta(llama_bundle: Path):
+    assert llama_bundle.parts[-4:] == ("CPU-TEST", "test-org", "Tiny-Llama", "bf16")
+    meta = yaml.safe_load((llama_bundle / "meta.yaml").read_text())
+    for key in ("profiler_version", "hardware", "model", "variant", "tp_degrees", "gpu",
+                "torch_version", "measurement_iterations", "attention_grid"):
+        assert key in meta, key
+    assert meta["device"] == "cpu" and meta["tiny_shapes"] is True
+    assert meta["tp_degrees"] == [1, 2] and meta["measurement_iterations"] == 5
+    assert meta["model"] == TINY_LLAMA.name and meta["hardware"] == "CPU-TEST"
+    for tp in (1, 2):
+        d = llama_bundle / f"tp{tp}"
+        assert {p.name for p in d.iterdir()} == {"dense.csv", "per_sequence.csv", "attention.csv"}
+
+
+def test_csv_columns_layers_and_positive_times(llama_bundle: Path):
+    d = llama_bundle / "tp1"
+    cols, dense = _rows(d / "dense.csv")
+    assert cols == ["layer", "tokens", "time_us"]
+    needed = {*PROLOGUE, *HEAD_DENSE, *BLOCK_SEQUENCES["llama"]} - {"attention"}
+    assert {r["layer"] for r in dense} == needed
+    assert {int(r["tokens"]) for r in dense} == set(GRID.tokens)
+    cols, seq = _rows(d / "per_sequence.csv")
+    assert cols == ["layer", "sequences", "time_us"]
+    assert {r["layer"] for r in seq} == set(HEAD_PER_SEQUENCE)
+    cols, attn = _rows(d / "attention.csv")
+    assert cols == ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"]
+    assert len(attn) == len(GRID.attention_points())
+    for r in attn:
+        pc, kp, nd, kd = (int(r[c]) for c in cols[:4])
+        assert pc or nd
+        assert kp == 0 if pc == 0 else True
+        assert (kd == 0) == (nd == 0)
+    for r in dense + seq + attn:
+        assert float(r["time_us"]) > 0
+
+
+def test_dense_time_grows_with_tokens(llama_bundle: Path):
+    _, dense = _rows(llama_bundle / "tp1" / "dense.csv")
+    by_tokens: dict[int, float] = {}
+    for r in dense:
+        if r["layer"] in ("qkv_proj", "gate_up_proj", "down_proj", "o_proj"):
+            by_tokens[int(r["tokens"])] = by_tokens.get(int(r["tokens"]), 0.0) + float(r["time_us"])
+    ts = sorted(by_tokens)
+    small = sum(by_tokens[t] for t in ts[:2]) / 2
+    large = sum(by_tokens[t] for t in ts[-2:]) / 2
+    assert large > small
+
+
+def test_moe_bundle(tmp_path: Path):
+    root = profile_bundle(TINY_MOE, "CPU-TEST", tmp_path, device="cpu", grid=GRID,
+                          iterations=2, warmup=1, tiny=True)
+    cols, moe = _rows(root / "tp1" / "moe.csv")
+    assert cols == ["tokens", "activated_experts", "time_us"]
+    pts = {(int(r["tokens"]), int(r["activated_experts"])) for r in moe}
+    assert (1, 2) in pts and (32, 8) in pts
+    assert all(a <= min(8, t * 2) for t, a in pts)
+    assert all(float(r["time_us"]) > 0 for r in moe)
+    _, dense = _rows(root / "tp1" / "dense.csv")
+    assert "qk_norm" in {r["layer"] for r in dense}
+    assert "gate_up_proj" not in {r["layer"] for r in dense}
+
+
+def test_bad_inputs(tmp_path: Path):
+    with pytest.raises(InputError, match="tp_size=3"):
+        profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, tp_degrees=(3,), device="cpu", tiny=True)
+    with pytest.raises(InputError, match="device"):
+        profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, device="tpu", tiny=True)
+    with pytest.raises(InputError, match="grid"):
+        profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, device="cpu",
+                       grid=ProfileGrid(tokens=()))
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="CUDA"):
+            profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, device="cuda", tiny=True)
+
+
+def test_missing_torch_is_an_input_error(monkeypatch, tmp_path: Path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("no torch")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(InputError, match=r"pip install '\.\[profile\]'"):
+        profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, device="cpu", tiny=True)
