@@ -128,3 +128,36 @@ def test_missing_torch_is_an_input_error(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(InputError, match=r"pip install '\.\[profile\]'"):
         profile_bundle(TINY_LLAMA, "CPU-TEST", tmp_path, device="cpu", tiny=True)
+
+
+def test_measured_provider_loads_profiled_bundle_and_simulation_runs(llama_bundle: Path,
+                                                                      tmp_path: Path):
+    import json
+
+    import sim
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "_name_or_path": TINY_LLAMA.name, "model_type": "llama",
+        "hidden_size": TINY_LLAMA.hidden_size, "num_hidden_layers": TINY_LLAMA.num_hidden_layers,
+        "num_attention_heads": TINY_LLAMA.num_attention_heads,
+        "num_key_value_heads": TINY_LLAMA.num_key_value_heads, "head_dim": TINY_LLAMA.head_dim,
+        "intermediate_size": TINY_LLAMA.intermediate_size, "vocab_size": TINY_LLAMA.vocab_size,
+        "torch_dtype": "bfloat16"}))
+    cluster = sim.parse_cluster({"num_nodes": 1, "link_bw": 16, "link_latency": 1000, "nodes": [{
+        "num_instances": 1, "cpu_mem": {"mem_size": 8, "mem_bw": 50, "mem_latency": 0},
+        "instances": [{"model_name": str(cfg), "hardware": "CPU-TEST",
+                       "npu_mem": {"mem_size": 1, "mem_bw": 100, "mem_latency": 0},
+                       "num_npus": 1, "tp_size": 1}]}]})
+    wl = sim.generate(sim.WorkloadSpec(num_requests=20, rate=50.0,
+                                       input=sim.LengthDist("uniform", low=8, high=100),
+                                       output=sim.LengthDist("uniform", low=2, high=20), seed=3))
+    opts = sim.SimOptions(latency_provider="measured",
+                          profiles_dirs=(str(llama_bundle.parents[3]),))
+    res = sim.simulate(cluster, wl, opts)
+    assert res.summary["latency_provider"] == "measured"
+    assert res.summary["latency_source"]["0"] == str(llama_bundle)
+    assert res.summary["num_finished"] == 20
+    table = res.requests_table()
+    assert (table["ttft_ns"] > 0).all() and (table["output_tokens"] == [
+        r.output_len for r in sorted(wl.all_requests(), key=lambda r: r.rid)]).all()
