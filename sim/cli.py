@@ -37,6 +37,10 @@ def _add_run(sub) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's scheduler_reserve_full_isl admission rule")
+    p.add_argument("--prefix-storage", default=None, choices=["CPU", "CXL"],
+                   help="keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)")
+    p.add_argument("--enable-prefix-sharing", action="store_true",
+                   help="all instances of a node share the lower-tier prefix pool")
     p.add_argument("--request-routing-policy", default="LOAD")
     p.add_argument("--latency-provider", default="auto",
                    help="auto (measured where a bundle exists, else roofline), measured, "
@@ -62,6 +66,7 @@ def _run(args) -> int:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
+        prefix_storage=args.prefix_storage, enable_prefix_sharing=args.enable_prefix_sharing,
         routing_policy=args.request_routing_policy, seed=args.seed,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,

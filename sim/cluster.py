@@ -220,6 +220,4 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
         if node.power:
             problems.append(f"{cluster.source}: nodes[{node.node_id}].power (power model) is not "
                             "modelled yet")
-    if cluster.cxl_mem:
-        problems.append(f"{cluster.source}: cxl_mem (CXL memory tier) is not modelled yet")
     return problems

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sim.backend import AnalyticalBackend, SystemBackend
 from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
-from sim.kv_cache import KVCacheManager
+from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.latency.base import LATENCY_PROVIDERS
 from sim.metrics import RunResult, TimeSeries, summarize
 from sim.model import ModelSpec, load_model
@@ -38,6 +38,7 @@ class InstanceRuntime:
     num_kv_blocks: int
     provider: object
     scheduler: Scheduler
+    lower_tier: PrefixTier | None = None
 
 
 def _import_providers() -> None:
@@ -100,6 +101,19 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o = opts.for_instance(inst.overrides)
         o.validate()
         kv_capacity_blocks(inst, model, o.block_size)
+    if opts.prefix_storage == "CXL" and not cluster.cxl_mem:
+        raise InputError(f"{cluster.source}: --prefix-storage CXL needs a cxl_mem block in the "
+                         "cluster config")
+    if opts.prefix_storage == "CPU":
+        for node in cluster.nodes:
+            if node.cpu_mem is None:
+                raise InputError(f"{cluster.source}: nodes[{node.node_id}] has no cpu_mem for "
+                                 "--prefix-storage CPU")
+    if opts.enable_prefix_sharing:
+        for node in cluster.nodes:
+            if len({i.model_name for i in node.instances}) > 1:
+                raise InputError(f"{cluster.source}: nodes[{node.node_id}]: prefix sharing needs "
+                                 "every instance of the node to serve the same model")
 
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
@@ -114,6 +128,34 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv)))
     return out
+
+
+def _build_tiers(cluster: ClusterConfig, opts: SimOptions,
+                 instances: list[InstanceRuntime]) -> None:
+    """Create the lower prefix-cache tiers: per instance, or one per node when shared."""
+    if opts.prefix_storage is None or not opts.enable_prefix_caching:
+        return
+    for node in cluster.nodes:
+        members = [i for i in instances if i.config.node_id == node.node_id]
+        if opts.prefix_storage == "CPU":
+            size_gib = node.cpu_mem.mem_size_gib
+            bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+        else:
+            cxl = cluster.cxl_mem
+            size_gib, bw, lat = cxl["mem_size"], cxl["mem_bw"], cxl.get("mem_latency", 0)
+        shared = None
+        for inst in members:
+            block_bytes = inst.model.kv_bytes_per_token(1, 1) * inst.opts.block_size
+            inst.scheduler.tier_block_bytes = block_bytes
+            share = size_gib if opts.enable_prefix_sharing else size_gib / len(members)
+            cap = int(share * GiB // block_bytes)
+            if opts.enable_prefix_sharing:
+                shared = shared or PrefixTier(opts.prefix_storage, cap, bw, lat)
+                tier = shared
+            else:
+                tier = PrefixTier(opts.prefix_storage, cap, bw, lat)
+            inst.lower_tier = tier
+            inst.scheduler.kv.lower_tier = tier
 
 
 def _fresh_requests(workload: Workload) -> list[Request]:
@@ -165,6 +207,7 @@ class Simulator:
             kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
                                 inst.opts.enable_prefix_caching)
             inst.scheduler = Scheduler(inst.instance_id, inst.opts, kv)
+        _build_tiers(self.cluster, self.opts, self.instances)
         schedulers = [i.scheduler for i in self.instances]
         router = ROUTING_POLICIES.create(opts.routing_policy, opts.seed,
                                          source="--request-routing-policy")
@@ -258,7 +301,11 @@ class Simulator:
                             f"{inst.instance_id} holds at most "
                             f"{(inst.num_kv_blocks - 1) * inst.opts.block_size}")
                     continue
-                dur = max(1, backend.iteration_ns(inst, batch.shape))
+                dur = backend.iteration_ns(inst, batch.shape)
+                if batch.tier_load_bytes:
+                    # Lower-tier prefix hits are loaded before the step computes on them.
+                    dur += inst.lower_tier.load_ns(batch.tier_load_bytes)
+                dur = max(1, dur)
                 inflight_count[idx] += 1
                 seq += 1
                 heapq.heappush(in_flight, (now + dur, seq, idx, batch))
@@ -275,6 +322,13 @@ class Simulator:
                             sum(s.kv.hit_tokens for s in schedulers),
                             sum(s.kv.queried_tokens for s in schedulers))
         summary.update(self.describe())
+        lower = sum(s.kv.lower_hit_tokens for s in schedulers)
+        queried = sum(s.kv.queried_tokens for s in schedulers)
+        summary["prefix_hit_tokens_npu"] = summary["prefix_hit_tokens"] - lower
+        summary["prefix_hit_tokens_lower_tier"] = lower
+        summary["prefix_hit_ratio_npu"] = (summary["prefix_hit_tokens"] - lower) / queried if queried else 0.0
+        summary["prefix_hit_ratio_lower_tier"] = lower / queried if queried else 0.0
+        summary["prefix_storage"] = self.opts.prefix_storage
         extrap = {}
         for inst in self.instances:
             for k, v in inst.provider.extrapolations().items():

@@ -34,7 +34,8 @@ class RadixNode:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 lower_tier: PrefixTier | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("need at least 2 KV blocks (one is the null block)")
         self.block_size = block_size
@@ -47,6 +48,8 @@ class KVCacheManager:
         self.root = RadixNode(None, None, -1)
         self.hit_tokens = 0
         self.queried_tokens = 0
+        self.lower_tier = lower_tier if enable_prefix_caching else None
+        self.lower_hit_tokens = 0
 
     # -------------------------------------------------------------- accounting
     @property
@@ -75,6 +78,17 @@ class KVCacheManager:
         if lo >= n_in:
             return tuple(out[lo - n_in:hi - n_in])
         return tuple(ids[lo:]) + tuple(out[:hi - n_in])
+
+    def lookup_lower(self, req: Request, npu_blocks: int) -> int:
+        """Blocks beyond the NPU hit that the lower tier holds (to be loaded)."""
+        tier = self.lower_tier
+        if tier is None or req.input_ids is None:
+            return 0
+        known = req.input_len + (req.num_output if req.output_ids else 0)
+        max_blocks = (min(req.num_tokens, known + 1) - 1) // self.block_size
+        if max_blocks <= npu_blocks:
+            return 0
+        return max(0, tier.match(lambda i: self._block_key(req, i), max_blocks) - npu_blocks)
 
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (at most num_tokens - 1)."""
@@ -121,9 +135,20 @@ class KVCacheManager:
         req.cached_hashes = full
         req.cache_node = node
 
+    def _path_keys(self, node: RadixNode) -> list[tuple]:
+        keys = []
+        while node is not None and node.key is not None:
+            keys.append(node.key)
+            node = node.parent
+        keys.reverse()
+        return keys
+
     def _evict(self, bid: int) -> None:
         n = self.node[bid]
         if n is not None:
+            if self.lower_tier is not None and n.parent is not None:
+                # Evicted from the NPU: keep the block in the lower tier.
+                self.lower_tier.insert_path(self._path_keys(n))
             if n.parent is not None and n.parent.children.get(n.key) is n:
                 del n.parent.children[n.key]
             self.node[bid] = None
@@ -174,3 +199,88 @@ class KVCacheManager:
         req.block_ids = []
         req.cached_hashes = None
         req.cache_node = None
+
+
+class PrefixTier:
+    """A lower prefix-cache tier (CPU memory or CXL) holding blocks evicted from NPUs.
+
+    Blocks are kept by their radix path (the token ids of every block from the start of
+    the sequence), with LRU eviction; evicting a block drops its descendants too, since
+    they can no longer be reached. A hit costs a load of those blocks at the tier's
+    bandwidth and latency. One tier may be shared by every instance of a node
+    (``--enable-prefix-sharing``).
+    """
+
+    def __init__(self, name: str, capacity_blocks: int, bw_GBps: float, latency_ns: float) -> None:
+        self.name = name
+        self.capacity = max(0, capacity_blocks)
+        self.bytes_per_ns = bw_GBps * (1 << 30) / 1e9
+        self.latency_ns = latency_ns
+        self.root = RadixNode(None, None, -1)
+        self.lru: OrderedDict[RadixNode, None] = OrderedDict()
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+    def insert_path(self, keys: list[tuple]) -> None:
+        if self.capacity == 0:
+            return
+        node = self.root
+        lru = self.lru
+        for key in keys:
+            child = node.children.get(key)
+            if child is None:
+                child = RadixNode(key, node, 0)
+                node.children[key] = child
+                lru[child] = None
+                while len(lru) > self.capacity:
+                    self._evict_lru(protect=child)
+            else:
+                lru.move_to_end(child)
+            node = child
+
+    def _evict_lru(self, protect: RadixNode) -> None:
+        victim = next(iter(self.lru))
+        if victim is protect or _is_ancestor(victim, protect):
+            # Never drop the path being inserted; evict the next-oldest instead.
+            for cand in self.lru:
+                if cand is not protect and not _is_ancestor(cand, protect):
+                    victim = cand
+                    break
+            else:
+                return
+        stack = [victim]
+        while stack:
+            n = stack.pop()
+            self.lru.pop(n, None)
+            stack.extend(n.children.values())
+        if victim.parent is not None and victim.parent.children.get(victim.key) is victim:
+            del victim.parent.children[victim.key]
+
+    def match(self, keys_fn, max_blocks: int) -> int:
+        """Number of leading blocks (from block 0) this tier holds."""
+        node = self.root
+        n = 0
+        while n < max_blocks:
+            child = node.children.get(keys_fn(n))
+            if child is None:
+                break
+            self.lru.move_to_end(child)
+            node = child
+            n += 1
+        return n
+
+    def load_ns(self, num_bytes: float) -> int:
+        if num_bytes <= 0:
+            return 0
+        return int(self.latency_ns + num_bytes / self.bytes_per_ns)
+
+
+def _is_ancestor(a: RadixNode, b: RadixNode) -> bool:
+    n = b.parent
+    while n is not None:
+        if n is a:
+            return True
+        n = n.parent
+    return False

@@ -24,6 +24,10 @@ class SimOptions:
     #: vLLM's scheduler_reserve_full_isl: admit a waiting request only if its whole
     #: sequence fits in free KV blocks, not merely its first chunk
     reserve_full_isl: bool = True
+    #: lower prefix-cache tier for blocks evicted from the NPU: None, "CPU" or "CXL"
+    prefix_storage: str | None = None
+    #: all instances of a node share one lower-tier pool
+    enable_prefix_sharing: bool = False
     routing_policy: str = "LOAD"
     seed: int = 0
     #: "auto" (measured where a bundle exists, else roofline), "measured", "roofline", "aic"
@@ -56,6 +60,10 @@ class SimOptions:
             pos(name)
         if self.long_prefill_token_threshold < 0:
             raise InputError("option long_prefill_token_threshold must be >= 0")
+        if self.prefix_storage not in (None, "CPU", "CXL"):
+            raise InputError(f"prefix_storage must be CPU or CXL, got {self.prefix_storage!r}")
+        if self.enable_prefix_sharing and self.prefix_storage is None:
+            raise InputError("enable_prefix_sharing needs a prefix_storage tier (CPU or CXL)")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
 

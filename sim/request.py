@@ -18,7 +18,7 @@ class Request:
         # runtime state
         "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
         "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight",
+        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight", "lower_hit",
     )
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
@@ -51,6 +51,7 @@ class Request:
         self.cached_hashes = None
         self.cache_node = None
         self.in_flight = False
+        self.lower_hit = 0
 
     @property
     def num_tokens(self) -> int:

@@ -31,6 +31,8 @@ class Batch:
     shape: BatchShape
     prefill_tokens: int
     decode_tokens: int
+    #: bytes of KV loaded from the lower prefix tier this step (its hits)
+    tier_load_bytes: int = 0
 
 
 class Scheduler:
@@ -46,6 +48,8 @@ class Scheduler:
         self.threshold = opts.long_prefill_token_threshold
         self.chunked = opts.enable_chunked_prefill
         self.reserve_full = opts.reserve_full_isl
+        #: bytes of one KV block of the whole instance (what a lower-tier hit loads)
+        self.tier_block_bytes = 0
 
     def add_request(self, req: Request) -> None:
         req.instance_id = self.instance_id
@@ -76,6 +80,7 @@ class Scheduler:
         reqs: list[Request] = []
         news: list[int] = []
         preempted = False
+        tier_bytes = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -110,8 +115,9 @@ class Scheduler:
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
                 hit = kv.lookup(req)
+                lower = kv.lookup_lower(req, len(hit)) if kv.lower_tier is not None else 0
                 hit_tokens = len(hit) * kv.block_size
-                n = req.num_tokens - hit_tokens
+                n = req.num_tokens - hit_tokens - lower * kv.block_size
                 if threshold and n > threshold:
                     n = threshold
                 if not self.chunked and n > budget:
@@ -120,14 +126,19 @@ class Scheduler:
                     n = budget
                 if self.reserve_full and not kv.can_admit(req, hit, True, n):
                     break
-                if not kv.allocate(req, n, hit):
+                lower_tokens = lower * kv.block_size
+                if not kv.allocate(req, n + lower_tokens, hit):
                     break
                 waiting.popleft()
-                req.num_computed = hit_tokens
+                req.num_computed = hit_tokens + lower_tokens
+                if lower:
+                    tier_bytes += lower * self.tier_block_bytes
+                    kv.lower_hit_tokens += lower_tokens
                 if req.first_scheduled_ns < 0:
                     req.first_scheduled_ns = now
-                    req.prefix_hit = hit_tokens
-                    kv.hit_tokens += hit_tokens
+                    req.prefix_hit = hit_tokens + lower_tokens
+                    req.lower_hit = lower_tokens
+                    kv.hit_tokens += hit_tokens + lower_tokens
                     kv.queried_tokens += req.input_len
                 req.status = RUNNING
                 running.append(req)
@@ -157,7 +168,7 @@ class Scheduler:
         total = prefill_tokens + n_dec
         shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
                            kv_min if n_dec else 0)
-        return Batch(reqs, news, shape, prefill_tokens, n_dec)
+        return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes)
 
     def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:
         """Apply a finished step: advance progress, emit tokens, retire finished requests."""
