@@ -150,7 +150,8 @@ def _build_tiers(cluster: ClusterConfig, opts: SimOptions,
             share = size_gib if opts.enable_prefix_sharing else size_gib / len(members)
             cap = int(share * GiB // block_bytes)
             if opts.enable_prefix_sharing:
-                shared = shared or PrefixTier(opts.prefix_storage, cap, bw, lat)
+                if shared is None:
+                    shared = PrefixTier(opts.prefix_storage, cap, bw, lat)
                 tier = shared
             else:
                 tier = PrefixTier(opts.prefix_storage, cap, bw, lat)
