@@ -64,6 +64,8 @@ class NodeConfig:
     cpu_mem: MemorySpec | None
     instances: tuple[InstanceConfig, ...]
     power: dict | None = None
+    #: cpu_mem.pim_config: PIM devices attached to the node's CPU memory
+    pim_config: str | dict | None = None
 
 
 @dataclass(frozen=True)
@@ -174,8 +176,13 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 kv_cache_dtype=ins.get("kv_cache_dtype"), placement=ins.get("placement"),
                 overrides=overrides))
             iid += 1
+        cpu_raw = nd.get("cpu_mem") or {}
+        if isinstance(cpu_raw, dict):
+            _check_keys(cpu_raw, {"mem_size", "mem_bw", "mem_latency", "pim_config"},
+                        f"{where}.cpu_mem")
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
-                                power=nd.get("power")))
+                                power=nd.get("power"), pim_config=cpu_raw.get("pim_config")
+                                if isinstance(cpu_raw, dict) else None))
     link_lat = data.get("link_latency", 0)
     return ClusterConfig(nodes=tuple(nodes),
                          link_bw_GBps=data.get("link_bw", 16.0),
@@ -217,6 +224,9 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
         if inst.kv_cache_dtype not in (None, "auto"):
             problems.append(f"{where}: kv_cache_dtype={inst.kv_cache_dtype!r} is not modelled yet")
     for node in cluster.nodes:
+        if node.pim_config:
+            problems.append(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config (PIM "
+                            "devices) is not modelled yet")
         if node.power:
             problems.append(f"{cluster.source}: nodes[{node.node_id}].power (power model) is not "
                             "modelled yet")

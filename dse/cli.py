@@ -1,0 +1,231 @@
+"""``dse``: search the serving design space, then look at the results.
+
+    dse search SPACE.yaml [--out DIR] [--n-trials N] [--workers N] [--ray-address A]
+               [--tracking-uri U] [--resume | --fresh] [--deterministic] [--seed S]
+    dse report DIR        re-render trials.csv, pareto.csv, report.html, best/
+    dse show DIR          the Pareto table in the terminal
+    dse ui DIR            start the MLflow UI on the study's store and print its URL
+
+User mistakes (a bad space file, an unknown name) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+EXIT_INPUT_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dse", description="Design-space explorer for LLM "
+                                "serving (Optuna + Ray + MLflow over the sim simulator).")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    s = sub.add_parser("search", help="run (or resume) a search study")
+    s.add_argument("space", help="search-space YAML file")
+    s.add_argument("--out", help="output folder (default runs/<space name>)")
+    s.add_argument("--n-trials", type=int, help="COMPLETE trials to reach (overrides the YAML)")
+    s.add_argument("--workers", type=int, help="Ray workers (default: free CPUs); 0 runs "
+                   "trials in this process without Ray")
+    s.add_argument("--ray-address", help="join this Ray cluster (also RAY_ADDRESS)")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///OUT/mlflow.db)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--resume", dest="fresh", action="store_false", default=False,
+                   help="continue the study in --out if there is one (default)")
+    g.add_argument("--fresh", dest="fresh", action="store_true",
+                   help="delete the study in --out and start over")
+    s.add_argument("--deterministic", action="store_true",
+                   help="ask a batch, wait for all, tell in order: same seed, same trials")
+    s.add_argument("--seed", type=int, help="sampler seed (overrides the YAML)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r = sub.add_parser("report", help="re-render the report of a search folder")
+    r.add_argument("dir")
+    sh = sub.add_parser("show", help="print the Pareto table")
+    sh.add_argument("dir")
+    sh.add_argument("--all", action="store_true", help="every trial, not just the front")
+    u = sub.add_parser("ui", help="start the MLflow UI on a search folder")
+    u.add_argument("dir")
+    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--host", default="127.0.0.1")
+    return p
+
+
+def _positive(name: str, v: int | None, minimum: int = 1) -> None:
+    from dse._simapi import InputError
+
+    if v is not None and v < minimum:
+        raise InputError(f"{name}: must be >= {minimum}, got {v}")
+
+
+def cmd_search(a) -> int:
+    from rich.console import Console
+
+    from dse.space import load_space
+    from dse.study import Driver
+
+    _positive("--n-trials", a.n_trials)
+    _positive("--workers", a.workers, 0)
+    _positive("--seed", a.seed, 0)
+    space = load_space(a.space)
+    out = Path(a.out or Path("runs") / space.name)
+    console = Console(stderr=True)
+    driver = Driver(space, out, n_trials=a.n_trials, workers=a.workers,
+                    ray_address=a.ray_address, tracking_uri=a.tracking_uri, fresh=a.fresh,
+                    deterministic=a.deterministic, seed=a.seed,
+                    progress=not a.no_progress, console=console)
+    res = driver.run()
+    print(f"{res.complete} trials complete ({res.feasible} feasible, {res.rejected} rejected "
+          f"before simulation, {res.failed} failed) in {res.wall_s:.1f}s"
+          + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
+             else "") + f"; MLflow logging {res.tracking_s:.1f}s")
+    print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
+    print(f"Report: {out / 'report.html'}   all trials: {out / 'trials.csv'}   "
+          f"configs: {out / 'best'}/")
+    print(f"MLflow: dse ui {out}")
+    if res.pareto:
+        _show(out, console=Console(), limit=10)
+    return 0
+
+
+def cmd_report(a) -> int:
+    from dse.report import load_study, write_results
+
+    out = Path(a.dir)
+    space, study, _ = load_study(out)
+    info = write_results(space, study, out)
+    print(f"{info['trials']} trials, Pareto front {info['pareto_count']}: "
+          f"{out / 'report.html'}, {out / 'pareto.csv'}, {out / 'trials.csv'}, {out / 'best'}/")
+    return 0
+
+
+def _show(out: Path, console=None, limit: int | None = None, show_all: bool = False) -> int:
+    import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
+
+    from dse._simapi import InputError
+
+    path = out / ("trials.csv" if show_all else "pareto.csv")
+    if not path.exists():
+        raise InputError(f"{out}: no {path.name}; run `dse search` (or `dse report {out}`)")
+    meta_path = out / "study.json"
+    import json
+
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        df = pd.DataFrame()
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=200, file=console.file)
+    if df.empty:
+        console.print(f"[yellow]{path}: no {'trials' if show_all else 'feasible Pareto trials'}")
+        return 0
+    objs = meta.get("objectives", [])
+    dirs = dict(zip(objs, meta.get("directions", [])))
+    knobs = [c for c in ("hardware", "tp", "pp", "ep", "replicas", "pd", "pd_ratio",
+                         "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
+                         "block_size", "enable_prefix_caching", "enable_chunked_prefill",
+                         "routing_policy", "prefix_tier") if c in df.columns
+             and (df[c].nunique() > 1 or c in ("tp", "replicas"))]
+    cols = ["trial", *objs, *knobs, "devices_used", "attainment", "ttft_ms.p99", "tpot_ms.p99"]
+    if "p99_ttft" in objs:
+        cols.remove("ttft_ms.p99")
+    if "p99_tpot" in objs:
+        cols.remove("tpot_ms.p99")
+    if show_all:
+        cols += ["feasible", "reason"]
+    cols = [c for c in dict.fromkeys(cols) if c in df.columns]
+    title = f"{'All trials' if show_all else 'Pareto front (feasible)'}: {meta.get('study_name', out)}"
+    t = Table(title=title)
+    for c in cols:
+        arrow = {"maximize": " ↑", "minimize": " ↓"}.get(dirs.get(c, ""), "")
+        t.add_column(_SHORT.get(c, c) + arrow, justify="right" if c != "reason" else "left")
+    for _, row in (df.head(limit) if limit else df).iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            cells.append(f"{v:.4g}" if isinstance(v, float) and c != "trial" else str(v))
+        t.add_row(*cells)
+    console.print(t)
+    return 0
+
+
+_SHORT = {"throughput_per_device": "tok/s/dev", "goodput_per_device": "good tok/s/dev",
+          "p99_ttft": "p99 TTFT ms", "p99_tpot": "p99 TPOT ms", "cost_per_million_tokens":
+          "$/Mtok", "energy_per_token": "J/tok", "devices_used": "devices",
+          "max_num_seqs": "max seqs", "max_num_batched_tokens": "batch tokens",
+          "long_prefill_token_threshold": "long prefill", "enable_prefix_caching": "prefix cache",
+          "enable_chunked_prefill": "chunked", "routing_policy": "routing",
+          "ttft_ms.p99": "p99 TTFT ms", "tpot_ms.p99": "p99 TPOT ms"}
+
+
+def cmd_show(a) -> int:
+    return _show(Path(a.dir), show_all=a.all)
+
+
+def cmd_ui(a) -> int:
+    from dse._simapi import InputError
+
+    out = Path(a.dir)
+    import json
+
+    meta_path = out / "study.json"
+    if not meta_path.exists():
+        raise InputError(f"{out}: not a dse search folder (no study.json)")
+    uri = json.loads(meta_path.read_text()).get("tracking_uri") or \
+        f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    if not uri.startswith("sqlite"):
+        print(f"This study logs to a tracking server: {uri}")
+        return 0
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
+           uri, "--host", a.host, "--port", str(a.port)]
+    url = f"http://{a.host}:{a.port}"
+    print(f"MLflow UI for {out}: {url}  (starting; it takes ~20 s to come up; Ctrl-C stops it)",
+          flush=True)
+    proc = subprocess.Popen(cmd)
+
+    def _stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)  # stop the UI with us, not just on Ctrl-C
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dse._simapi import InputError
+
+    parser = _parser()
+    a = parser.parse_args(argv)
+    try:
+        if a.cmd == "search":
+            return cmd_search(a)
+        if a.cmd == "report":
+            return cmd_report(a)
+        if a.cmd == "show":
+            return cmd_show(a)
+        if a.cmd == "ui":
+            return cmd_ui(a)
+    except InputError as exc:
+        print(f"dse: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except KeyboardInterrupt:
+        print("dse: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""From a trial's knob values to what sim runs: a cluster config, options, a workload.
+
+Also the pre-checks that reject a configuration before any simulation (devices over the
+budget, an instance wider than a node, and whatever ``sim.validate_cluster`` refuses:
+weights that do not fit, tp that does not divide the heads, ...) and the export of a
+configuration as the equivalent ``vllm serve`` command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from dse import _simapi as simapi
+from dse._simapi import InputError
+from dse.space import Space, pd_split
+
+#: knobs that become SimOptions fields (the rest shape the cluster)
+OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
+                "block_size", "enable_prefix_caching", "enable_chunked_prefill",
+                "routing_policy")
+
+
+def devices_per_instance(params: dict) -> int:
+    return int(params["tp"]) * int(params["pp"])
+
+
+def replicas_for(space: Space, params: dict) -> int:
+    """Replicas as chosen, or as many instances as the budget holds when not a knob."""
+    if params.get("replicas") is not None:
+        return int(params["replicas"])
+    per = devices_per_instance(params)
+    per_node = space.devices_per_node // per if per <= space.devices_per_node else 0
+    if per_node == 0:
+        return 1  # rejected later with the reason
+    nodes = space.total_devices // space.devices_per_node
+    rest = space.total_devices % space.devices_per_node
+    return max(1, nodes * per_node + rest // per)
+
+
+def build_cluster(space: Space, params: dict) -> dict:
+    """The LLMServingSim cluster mapping for one configuration."""
+    hw = params.get("hardware", space.hardware[0])
+    info = space.hw_info[hw]
+    cd = space.cluster_defaults
+    per = devices_per_instance(params)
+    replicas = replicas_for(space, params)
+    per_node = max(1, space.devices_per_node // per)
+    pd_types: list[str | None] = [None] * replicas
+    if params.get("pd") and replicas >= 2:
+        n_p, n_d = pd_split(params.get("pd_ratio", "1:1"), replicas)
+        pd_types = ["prefill"] * n_p + ["decode"] * n_d
+    elif params.get("pd"):
+        pd_types = ["prefill"]
+    instance_base: dict[str, Any] = {
+        "model_name": space.model, "hardware": hw,
+        "npu_mem": {"mem_size": cd.get("npu_mem_size") or info.mem_gib,
+                    "mem_bw": cd.get("npu_mem_bw") or info.mem_bw_GBps,
+                    "mem_latency": 0, "mem_util": cd.get("mem_util", 0.9)},
+        "num_npus": per, "tp_size": int(params["tp"]), "pp_size": int(params["pp"]),
+    }
+    if space.is_moe:
+        instance_base["ep_size"] = int(params.get("ep", 1))
+    tier = params.get("prefix_tier", "npu")
+    if tier != "npu":
+        instance_base["placement"] = {"default": {"weights": "npu", "kv_loc": "npu",
+                                                  "kv_evict_loc": tier}}
+    nodes = []
+    for start in range(0, replicas, per_node):
+        insts = []
+        for r in range(start, min(replicas, start + per_node)):
+            inst = dict(instance_base)
+            inst["pd_type"] = pd_types[r]
+            insts.append(inst)
+        cpu = dict(cd["cpu_mem"])
+        if params.get("pim_mode", "off") != "off":
+            cpu["pim_config"] = getattr(info, "pim_config", None) or "DDR4_8GB_3200_pim"
+        node: dict[str, Any] = {"num_instances": len(insts), "cpu_mem": cpu, "instances": insts}
+        if params.get("_power") or any(o.name == "energy_per_token" for o in space.objectives):
+            node["power"] = {"base_node_power": 0, "npu": {hw: {}}}
+        nodes.append(node)
+    return {
+        "num_nodes": len(nodes),
+        "link_bw": cd.get("link_bw") or info.link_bw_GBps or 16.0,
+        "link_latency": cd.get("link_latency") if cd.get("link_latency") is not None
+        else (info.link_latency_ns or 0),
+        "nodes": nodes,
+    }
+
+
+def sim_options(space: Space, params: dict) -> dict:
+    """Keyword arguments for ``sim.SimOptions``."""
+    opts = {k: params[k] for k in OPTION_KNOBS if k in params}
+    opts["latency_provider"] = space.simulator["latency_provider"]
+    opts["backend"] = space.simulator["backend"]
+    opts["seed"] = space.simulator["seed"]
+    if space.simulator.get("max_sim_time_s"):
+        opts["max_sim_time_ns"] = int(space.simulator["max_sim_time_s"] * 1e9)
+    return opts
+
+
+@dataclass
+class TrialConfig:
+    """Everything one trial evaluates, plain data so it travels to a worker."""
+
+    number: int
+    params: dict
+    cluster: dict
+    options: dict
+    devices_used: int
+    summary: dict
+
+
+def make_trial_config(space: Space, number: int, params: dict) -> TrialConfig:
+    params = space.complete(params)
+    cluster = build_cluster(space, params)
+    replicas = replicas_for(space, params)
+    per = devices_per_instance(params)
+    n_inst = sum(len(n["instances"]) for n in cluster["nodes"])
+    summary = {"num_nodes": cluster["num_nodes"], "num_instances": n_inst,
+               "devices_per_instance": per, "replicas": replicas,
+               "devices_used": n_inst * per, "hardware": params["hardware"]}
+    if params.get("pd"):
+        summary["prefill_instances"] = sum(
+            i["pd_type"] == "prefill" for n in cluster["nodes"] for i in n["instances"])
+    return TrialConfig(number, params, cluster, sim_options(space, params),
+                       n_inst * per, summary)
+
+
+def precheck(space: Space, cfg: TrialConfig) -> str | None:
+    """Why this configuration cannot work, or None. Asks sim for everything model-related."""
+    per = cfg.summary["devices_per_instance"]
+    if per > space.devices_per_node:
+        return (f"an instance needs tp*pp={per} devices but a node has "
+                f"{space.devices_per_node} (budget.devices_per_node)")
+    if cfg.devices_used > space.total_devices:
+        return (f"uses {cfg.devices_used} devices ({cfg.summary['replicas']} replicas x {per}), "
+                f"over the budget of {space.total_devices}")
+    if cfg.params.get("pd") and cfg.summary["replicas"] < 2:
+        return "PD disaggregation needs at least 2 instances (one prefill, one decode)"
+    try:
+        import sim
+
+        cluster = simapi.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
+        simapi.validate_cluster(cluster, sim.SimOptions(**cfg.options))
+    except InputError as exc:
+        msg = str(exc)
+        return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg
+    return None
+
+
+def vllm_command(space: Space, params: dict) -> str:
+    """The ``vllm serve`` command line of one instance of this configuration."""
+    p = space.complete(params)
+    args = ["vllm", "serve", space.model,
+            "--tensor-parallel-size", str(p["tp"]),
+            "--pipeline-parallel-size", str(p["pp"]),
+            "--max-num-seqs", str(p["max_num_seqs"]),
+            "--max-num-batched-tokens", str(p["max_num_batched_tokens"]),
+            "--block-size", str(p["block_size"]),
+            "--enable-prefix-caching" if p["enable_prefix_caching"]
+            else "--no-enable-prefix-caching",
+            "--enable-chunked-prefill" if p["enable_chunked_prefill"]
+            else "--no-enable-chunked-prefill"]
+    if p.get("long_prefill_token_threshold"):
+        args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
+    if space.is_moe and int(p.get("ep", 1)) > 1:
+        args += ["--enable-expert-parallel"]
+    mem_util = space.cluster_defaults.get("mem_util")
+    if mem_util:
+        args += ["--gpu-memory-utilization", f"{mem_util:g}"]
+    return " ".join(shlex.quote(a) for a in args)

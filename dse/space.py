@@ -1,0 +1,686 @@
+"""Search-space files: parse and validate the YAML a user writes, then sample from it.
+
+A space names the model, the hardware (or a menu of it), a device budget, the workload,
+SLOs, objectives and the knobs with their domains. Every mistake is an
+:class:`~sim.errors.InputError` whose message names the field and what is allowed; the
+CLI turns it into exit status 2. Knobs that need a feature the simulator does not model
+yet are refused here, at load time, by asking sim about a representative cluster, so the
+refusal disappears by itself when sim learns the feature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dse import _simapi as simapi
+from dse._simapi import InputError
+
+# ---------------------------------------------------------------- vocabularies
+SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+SLO_KEYS = tuple(f"{s}_{m}_ms" for s in SLO_STATS for m in SLO_METRICS)
+ATTAINMENT_KEYS = ("target", "ttft_ms", "tpot_ms", "e2e_ms")
+
+#: objective -> default direction
+OBJECTIVES = {
+    "throughput_per_device": "maximize",
+    "goodput_per_device": "maximize",
+    "p99_ttft": "minimize",
+    "p99_tpot": "minimize",
+    "cost_per_million_tokens": "minimize",
+    "energy_per_token": "minimize",
+    "devices_used": "minimize",
+}
+SAMPLERS = ("nsga2", "tpe", "random", "grid")
+PREFIX_TIERS = ("npu", "cpu", "cxl")
+PIM_MODES = ("off", "attention")
+BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd")
+INT_KNOBS = ("tp", "pp", "ep", "replicas", "max_num_seqs", "max_num_batched_tokens",
+             "long_prefill_token_threshold", "block_size")
+STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio")
+KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
+#: sampling order: structural knobs first so conditions can look at them
+KNOB_ORDER = ("hardware", "tp", "pp", "ep", "replicas", "pd", "pd_ratio", "pim_mode",
+              "prefix_tier", "max_num_seqs", "max_num_batched_tokens",
+              "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
+              "enable_chunked_prefill", "routing_policy")
+#: vLLM defaults used when a knob is absent
+KNOB_DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "ep": 1, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+    "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
+    "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
+    "routing_policy": "LOAD",
+}
+_PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+def _allowed(names) -> str:
+    return ", ".join(str(n) for n in names)
+
+
+# ---------------------------------------------------------------- domains
+@dataclass(frozen=True)
+class Domain:
+    """A knob's domain: fixed value, categorical list, or int/float range."""
+
+    kind: str  # "fixed" | "choice" | "int" | "float"
+    values: tuple = ()
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind == "fixed" or (self.kind == "choice" and len(self.values) == 1)
+
+    def finite_values(self) -> list | None:
+        if self.kind in ("fixed", "choice"):
+            return list(self.values)
+        if self.kind == "int" and not self.log:
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.kind == "float" and self.step and not self.log:
+            n = round((self.high - self.low) / self.step)
+            return [self.low + i * self.step for i in range(n + 1)]
+        return None
+
+    def may_take(self, pred) -> bool:
+        vals = self.finite_values()
+        if vals is None:
+            return pred(self.low) or pred(self.high)
+        return any(pred(v) for v in vals)
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return repr(self.values[0])
+        if self.kind == "choice":
+            return "[" + ", ".join(repr(v) for v in self.values) + "]"
+        s = f"{self.kind} [{self.low}, {self.high}]"
+        if self.step:
+            s += f" step {self.step}"
+        return s + (" log" if self.log else "")
+
+
+def _check_value(name: str, v: Any, where: str) -> Any:
+    if name in BOOL_KNOBS:
+        if not isinstance(v, bool):
+            raise InputError(f"{where}: {name} takes true or false, got {v!r}")
+        return v
+    if name in INT_KNOBS:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"{where}: {name} takes integers, got {v!r}")
+        lo = 0 if name == "long_prefill_token_threshold" else 1
+        if v < lo:
+            raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
+        return v
+    if not isinstance(v, str):
+        raise InputError(f"{where}: {name} takes strings, got {v!r}")
+    if name == "prefix_tier" and v not in PREFIX_TIERS:
+        raise InputError(f"{where}: unknown prefix_tier {v!r}; allowed: {_allowed(PREFIX_TIERS)}")
+    if name == "pim_mode" and v not in PIM_MODES:
+        raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
+    if name == "pd_ratio":
+        m = _PD_RATIO.match(v)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
+                             f"(e.g. '1:3'), got {v!r}")
+    if name == "routing_policy":
+        known = simapi.routing_policies()
+        if known is not None and v not in known:
+            raise InputError(f"{where}: unknown routing_policy {v!r}; allowed: {_allowed(known)}")
+    return v
+
+
+def parse_domain(name: str, raw: Any, where: str) -> Domain:
+    """``x`` (fixed), ``[a, b]`` (categorical), ``{low, high, step?, log?}`` (range),
+    ``{values: [...]}`` or ``{value: x}``."""
+    if isinstance(raw, list):
+        if not raw:
+            raise InputError(f"{where}: an empty list has nothing to search; give at least one value")
+        vals = tuple(_check_value(name, v, where) for v in raw)
+        if len(set(vals)) != len(vals):
+            raise InputError(f"{where}: duplicate values in {list(raw)}")
+        return Domain("choice", vals)
+    if isinstance(raw, dict):
+        keys = set(raw)
+        if keys <= {"value"} and keys:
+            return Domain("fixed", (_check_value(name, raw["value"], where),))
+        if keys <= {"values"} and keys:
+            return parse_domain(name, raw["values"] if isinstance(raw["values"], list)
+                                else [raw["values"]], where)
+        allowed = {"low", "high", "step", "log"}
+        bad = keys - allowed
+        if bad:
+            raise InputError(f"{where}: unknown domain field(s) {sorted(bad)}; a domain is a "
+                             "value, a list, {values: [...]}, or a range {low, high, step, log}")
+        if name not in INT_KNOBS:
+            raise InputError(f"{where}: {name} is not numeric; give a value or a list "
+                             "(ranges are for integer knobs)")
+        if "low" not in raw or "high" not in raw:
+            raise InputError(f"{where}: a range needs both 'low' and 'high'")
+        lo, hi = raw["low"], raw["high"]
+        for k, v in (("low", lo), ("high", hi)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise InputError(f"{where}.{k}: must be a number, got {v!r}")
+        is_int = isinstance(lo, int) and isinstance(hi, int)
+        if not is_int:
+            raise InputError(f"{where}: {name} takes integers; low/high must be integers")
+        _check_value(name, lo, where)
+        if hi < lo:
+            raise InputError(f"{where}: high ({hi}) must be >= low ({lo})")
+        log = raw.get("log", False)
+        if not isinstance(log, bool):
+            raise InputError(f"{where}.log: must be true or false, got {log!r}")
+        step = raw.get("step")
+        if step is not None:
+            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                raise InputError(f"{where}.step: must be a positive integer, got {step!r}")
+            if log:
+                raise InputError(f"{where}: 'step' and 'log' cannot be combined")
+            if (hi - lo) % step:
+                raise InputError(f"{where}: high - low ({hi - lo}) must be a multiple of step "
+                                 f"({step})")
+        if log and lo < 1:
+            raise InputError(f"{where}: a log range needs low >= 1")
+        return Domain("int", (), lo, hi, step, log)
+    return Domain("fixed", (_check_value(name, raw, where),))
+
+
+# ---------------------------------------------------------------- the space
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    direction: str
+
+
+@dataclass(frozen=True)
+class Attainment:
+    target: float
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    enabled: bool = False
+    start_rate: float = 1.0
+    max_rate: float = 1000.0
+    tolerance: float = 0.05
+    max_probes: int = 16
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    sampler: str
+    n_trials: int
+    timeout_s: float | None
+    seed: int
+    workers: int
+    population_size: int
+    trial_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Space:
+    path: str
+    name: str
+    model: str
+    hardware: tuple[str, ...]
+    total_devices: int
+    devices_per_node: int
+    price_per_device_hour: float | None
+    cluster_defaults: dict
+    workload: dict  # {"kind": "file"|"generate", ...}
+    slo: dict[str, float]
+    attainment: Attainment | None
+    objectives: tuple[Objective, ...]
+    knobs: dict[str, Domain]
+    simulator: dict
+    capacity: Capacity
+    search: SearchSettings
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+    digest: str = ""
+    is_moe: bool = False
+    hw_info: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------ sampling
+    @property
+    def searched_knobs(self) -> list[str]:
+        return [k for k in KNOB_ORDER if k in self.knobs and not self.knobs[k].fixed]
+
+    def active(self, name: str, params: dict) -> bool:
+        """Whether ``name`` applies given the knobs chosen so far (conditional knobs)."""
+        if name == "ep":
+            return self.is_moe
+        if name == "pd_ratio":
+            return bool(params.get("pd", False))
+        if name == "pim_mode":
+            hw = params.get("hardware", self.hardware[0])
+            return self.hw_info[hw].has_pim
+        return True
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Draw one configuration with an Optuna trial (define-by-run, conditional)."""
+        params: dict[str, Any] = {}
+        for name in KNOB_ORDER:
+            dom = self.knobs.get(name)
+            if dom is None or not self.active(name, params):
+                continue
+            if dom.fixed:
+                params[name] = dom.values[0]
+            elif dom.kind == "choice":
+                params[name] = trial.suggest_categorical(name, list(dom.values))
+            else:
+                params[name] = trial.suggest_int(name, int(dom.low), int(dom.high),
+                                                 step=int(dom.step or 1), log=dom.log)
+        return self.complete(params)
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Fill absent knobs with their defaults (hardware from the space)."""
+        out = dict(params)
+        out.setdefault("hardware", self.hardware[0])
+        for k, v in KNOB_DEFAULTS.items():
+            if k in ("pd_ratio",):
+                continue
+            out.setdefault(k, v)
+        if out.get("pd") and "pd_ratio" not in out:
+            out["pd_ratio"] = "1:1"
+        if not self.is_moe:
+            out["ep"] = 1
+        return out
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every distinct configuration of a finite space, conditional knobs collapsed."""
+        names = self.searched_knobs
+        domains = []
+        for n in names:
+            vals = self.knobs[n].finite_values()
+            if vals is None:
+                raise InputError(f"{self.path}: search.sampler grid needs finite domains; "
+                                 f"knobs.{n} is {self.knobs[n].describe()} (give a list or "
+                                 "a range with step)")
+            domains.append(vals)
+        seen, out = set(), []
+        for combo in itertools.product(*domains):
+            p = dict(zip(names, combo))
+            p = {k: v for k, v in p.items() if self.active(k, p)}
+            key = tuple(sorted(p.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return out
+
+    def grid_size(self) -> int:
+        return len(self.grid())
+
+
+# ---------------------------------------------------------------- loading
+class _Map:
+    """A mapping being read: tracks the path for messages and refuses unknown keys."""
+
+    def __init__(self, data: Any, where: str, allowed: tuple[str, ...] | list[str]):
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise InputError(f"{where}: must be a mapping with fields {_allowed(allowed)}")
+        bad = [k for k in data if k not in allowed]
+        if bad:
+            raise InputError(f"{where}: unknown field {bad[0]!r}; allowed: {_allowed(allowed)}")
+        self.d, self.where = data, where
+
+    def at(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, default=None):
+        return self.d.get(key, default)
+
+    def num(self, key: str, default=None, *, integer=False, minimum=None, exclusive=False,
+            required=False):
+        if key not in self.d or self.d[key] is None:
+            if required:
+                raise InputError(f"{self.at(key)}: required")
+            return default
+        v = self.d[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and int(v) != v):
+            kind = "an integer" if integer else "a number"
+            raise InputError(f"{self.at(key)}: must be {kind}, got {v!r}")
+        if minimum is not None and (v <= minimum if exclusive else v < minimum):
+            op = ">" if exclusive else ">="
+            raise InputError(f"{self.at(key)}: must be {op} {minimum}, got {v}")
+        return int(v) if integer else float(v)
+
+    def choice(self, key: str, allowed, default=None):
+        v = self.d.get(key, default)
+        if v not in allowed:
+            raise InputError(f"{self.at(key)}: unknown value {v!r}; allowed: {_allowed(allowed)}")
+        return v
+
+    def boolean(self, key: str, default: bool) -> bool:
+        v = self.d.get(key, default)
+        if not isinstance(v, bool):
+            raise InputError(f"{self.at(key)}: must be true or false, got {v!r}")
+        return v
+
+
+TOP_KEYS = ("name", "model", "hardware", "budget", "cluster", "workload", "slo", "objectives",
+            "knobs", "simulator", "capacity", "search")
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a search-space YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read search space: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}: YAML syntax error{at}: {problem}") from None
+    return parse_space(data, str(path), base_dir=path.parent, text=text)
+
+
+def parse_space(data: Any, source: str = "<space>", base_dir: Path | None = None,
+                text: str | None = None) -> Space:
+    try:
+        return _parse_space(data, source, base_dir or Path.cwd(), text)
+    except InputError as exc:
+        msg = str(exc)
+        raise InputError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Space:
+    top = _Map(data, "", TOP_KEYS)
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"a search space must be a mapping with fields {_allowed(TOP_KEYS)}")
+    # ---- model
+    model = top.get("model")
+    if not isinstance(model, str) or not model:
+        raise InputError(f"model: required, one of {_allowed(simapi.known_models())}")
+    try:
+        spec = simapi.load_model(model)
+    except InputError as exc:
+        raise InputError(f"model: {exc}") from None
+    # ---- hardware (one or a menu)
+    hw_raw = top.get("hardware")
+    hw_list = hw_raw if isinstance(hw_raw, list) else [hw_raw]
+    if hw_raw is None or not hw_list or not all(isinstance(h, str) and h for h in hw_list):
+        raise InputError("hardware: required, a name or a list of names; known: "
+                         f"{_allowed(simapi.known_hardware())}")
+    hw_info = {}
+    for h in hw_list:
+        try:
+            info = simapi.hardware_info(h)
+        except InputError as exc:
+            raise InputError(f"hardware: {exc}") from None
+        if info.name in hw_info:
+            raise InputError(f"hardware: {h!r} is listed twice (as {info.name!r})")
+        hw_info[info.name] = info
+    hw_list = list(hw_info)
+    # ---- budget
+    b = _Map(top.get("budget"), "budget", ("total_devices", "devices_per_node",
+                                             "price_per_device_hour"))
+    total = b.num("total_devices", integer=True, minimum=1, required=True)
+    per_node = b.num("devices_per_node", min(total, 8), integer=True, minimum=1)
+    price = b.num("price_per_device_hour", None, minimum=0)
+    # ---- cluster defaults
+    c = _Map(top.get("cluster"), "cluster", ("link_bw", "link_latency", "cpu_mem", "mem_util",
+                                               "npu_mem_size", "npu_mem_bw"))
+    cluster_defaults = {k: c.num(k, minimum=0) for k in ("link_bw", "link_latency",
+                                                          "npu_mem_size", "npu_mem_bw")}
+    cluster_defaults["mem_util"] = c.num("mem_util", 0.9, minimum=0, exclusive=True)
+    if cluster_defaults["mem_util"] > 1:
+        raise InputError(f"cluster.mem_util: must be in (0, 1], got {cluster_defaults['mem_util']}")
+    cpu = _Map(c.get("cpu_mem"), "cluster.cpu_mem", ("mem_size", "mem_bw", "mem_latency"))
+    cluster_defaults["cpu_mem"] = {"mem_size": cpu.num("mem_size", 1024.0, minimum=0, exclusive=True),
+                                   "mem_bw": cpu.num("mem_bw", 512.0, minimum=0, exclusive=True),
+                                   "mem_latency": cpu.num("mem_latency", 0.0, minimum=0)}
+    # ---- workload
+    workload = _parse_workload(top.get("workload"), base_dir)
+    # ---- SLOs
+    slo_raw = top.get("slo") or {}
+    s = _Map(slo_raw, "slo", SLO_KEYS + ("attainment",))
+    slo = {k: s.num(k, minimum=0, exclusive=True) for k in SLO_KEYS if k in slo_raw}
+    attainment = None
+    if s.get("attainment") is not None:
+        a = _Map(s.get("attainment"), "slo.attainment", ATTAINMENT_KEYS)
+        target = a.num("target", 0.9, minimum=0, exclusive=True)
+        if target > 1:
+            raise InputError(f"slo.attainment.target: must be in (0, 1], got {target}")
+        limits = {k: a.num(k, minimum=0, exclusive=True) for k in ATTAINMENT_KEYS[1:]}
+        if not any(limits.values()):
+            raise InputError("slo.attainment: give at least one per-request limit: "
+                             f"{_allowed(ATTAINMENT_KEYS[1:])}")
+        attainment = Attainment(target=target, **limits)
+    # ---- objectives
+    objectives = _parse_objectives(top.get("objectives"))
+    # ---- simulator
+    sm = _Map(top.get("simulator"), "simulator", ("latency_provider", "backend", "seed",
+                                                   "max_sim_time_s"))
+    simulator = {"latency_provider": sm.choice("latency_provider", simapi.latency_providers(),
+                                               "auto"),
+                 "backend": sm.choice("backend", ("inproc", "subprocess"), "inproc"),
+                 "seed": sm.num("seed", 0, integer=True, minimum=0),
+                 "max_sim_time_s": sm.num("max_sim_time_s", None, minimum=0, exclusive=True)}
+    # ---- knobs
+    kraw = top.get("knobs") or {}
+    if not isinstance(kraw, dict):
+        raise InputError(f"knobs: must be a mapping of knob -> domain; knobs: {_allowed(KNOBS)}")
+    knobs: dict[str, Domain] = {}
+    for name, raw in kraw.items():
+        if name not in KNOBS or name == "hardware":
+            allowed = [k for k in KNOBS if k != "hardware"]
+            raise InputError(f"knobs: unknown knob {name!r}; allowed: {_allowed(allowed)}")
+        knobs[name] = parse_domain(name, raw, f"knobs.{name}")
+    if len(hw_list) > 1:
+        knobs["hardware"] = Domain("choice", tuple(hw_list))
+    # ---- capacity
+    cap_raw = top.get("capacity")
+    if isinstance(cap_raw, bool):
+        cap_raw = {"enabled": cap_raw}
+    cp = _Map(cap_raw, "capacity", ("enabled", "start_rate", "max_rate", "tolerance",
+                                    "max_probes"))
+    capacity = Capacity(enabled=cp.boolean("enabled", bool(cap_raw)),
+                        start_rate=cp.num("start_rate", 1.0, minimum=0, exclusive=True),
+                        max_rate=cp.num("max_rate", 1000.0, minimum=0, exclusive=True),
+                        tolerance=cp.num("tolerance", 0.05, minimum=0, exclusive=True),
+                        max_probes=cp.num("max_probes", 16, integer=True, minimum=2))
+    # ---- search settings
+    se = _Map(top.get("search"), "search", ("sampler", "n_trials", "timeout_s", "seed",
+                                            "workers", "population_size", "trial_timeout_s"))
+    default_sampler = "nsga2" if len(objectives) > 1 else "tpe"
+    search = SearchSettings(
+        sampler=se.choice("sampler", SAMPLERS, default_sampler),
+        n_trials=se.num("n_trials", 50, integer=True, minimum=1),
+        timeout_s=se.num("timeout_s", None, minimum=0, exclusive=True),
+        seed=se.num("seed", 0, integer=True, minimum=0),
+        workers=se.num("workers", 0, integer=True, minimum=0),
+        population_size=se.num("population_size", 16, integer=True, minimum=2),
+        trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True))
+
+    space = Space(
+        path=source, name=str(top.get("name") or Path(source).stem), model=spec.name,
+        hardware=tuple(hw_list), total_devices=total, devices_per_node=per_node,
+        price_per_device_hour=price, cluster_defaults=cluster_defaults, workload=workload,
+        slo=slo, attainment=attainment, objectives=objectives, knobs=knobs,
+        simulator=simulator, capacity=capacity, search=search, raw=data,
+        digest=hashlib.sha256((text or yaml.safe_dump(data, sort_keys=True)).encode())
+        .hexdigest()[:16],
+        is_moe=spec.is_moe, hw_info=hw_info)
+    _check_semantics(space, spec)
+    return space
+
+
+def _parse_workload(raw: Any, base_dir: Path) -> dict:
+    w = _Map(raw, "workload", ("file", "limit", "generate"))
+    if raw is None:
+        raise InputError("workload: required; give 'file: trace.jsonl' or 'generate: {...}'")
+    has_file, has_gen = w.get("file") is not None, w.get("generate") is not None
+    if has_file == has_gen:
+        raise InputError("workload: give exactly one of 'file' (a JSONL trace) or 'generate' "
+                         "(a generator spec)")
+    if has_file:
+        p = Path(w.get("file"))
+        if not p.is_absolute():
+            p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
+        if not p.is_file():
+            raise InputError(f"workload.file: no such file {str(p)!r}")
+        return {"kind": "file", "path": str(p.resolve()),
+                "limit": w.num("limit", None, integer=True, minimum=1)}
+    gen = w.get("generate")
+    allowed = ("num_requests", "arrival", "rate", "cv", "input", "output", "seed",
+               "concurrency", "sample_file")
+    g = _Map(gen, "workload.generate", allowed)
+    g.choice("arrival", ("poisson", "gamma"), "poisson")
+    g.num("num_requests", 100, integer=True, minimum=1)
+    g.num("rate", 10.0, minimum=0, exclusive=True)
+    g.num("cv", 1.0, minimum=0, exclusive=True)
+    g.num("concurrency", 0, integer=True, minimum=0)
+    gen = dict(gen)
+    for key in ("input", "output"):
+        v = gen.get(key)
+        if isinstance(v, dict):
+            d = _Map(v, f"workload.generate.{key}", ("kind", "value", "low", "high", "theta",
+                                                      "path"))
+            d.choice("kind", ("fixed", "uniform", "zipf", "file"), "fixed")
+            if v.get("path"):
+                gen[key] = {**v, "path": str((base_dir / v["path"]).resolve())}
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"workload.generate.{key}: an integer length >= 1 or a mapping "
+                             "{kind: fixed|uniform|zipf|file, value, low, high, theta, path}")
+    if gen.get("sample_file"):
+        gen["sample_file"] = str((base_dir / gen["sample_file"]).resolve())
+    try:
+        import sim
+
+        sim.workload_from_mapping(gen)
+    except InputError as exc:
+        raise InputError(f"workload.generate: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"workload.generate: {exc}") from None
+    return {"kind": "generate", "spec": gen}
+
+
+def _parse_objectives(raw: Any) -> tuple[Objective, ...]:
+    if raw is None:
+        raw = ["throughput_per_device", "p99_ttft"]
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"objectives: a non-empty list from {_allowed(OBJECTIVES)}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"objectives[{i}]"
+        if isinstance(item, str):
+            name, direction = item, None
+        elif isinstance(item, dict):
+            o = _Map(item, where, ("name", "direction"))
+            name, direction = o.get("name"), o.get("direction")
+        else:
+            raise InputError(f"{where}: an objective name or {{name, direction}}")
+        if name not in OBJECTIVES:
+            raise InputError(f"{where}: unknown objective {name!r}; allowed: {_allowed(OBJECTIVES)}")
+        direction = direction or OBJECTIVES[name]
+        if direction not in ("minimize", "maximize"):
+            raise InputError(f"{where}.direction: unknown value {direction!r}; allowed: "
+                             "minimize, maximize")
+        if any(o.name == name for o in out):
+            raise InputError(f"{where}: objective {name!r} listed twice")
+        out.append(Objective(name, direction))
+    return tuple(out)
+
+
+def _check_semantics(space: Space, spec) -> None:
+    k = space.knobs
+    if "ep" in k and not spec.is_moe and k["ep"].may_take(lambda v: v > 1):
+        raise InputError(f"knobs.ep: expert parallelism applies only to MoE models; "
+                         f"{space.model} is dense (remove the knob or set it to 1)")
+    if "pd_ratio" in k and not ("pd" in k and k["pd"].may_take(lambda v: v)):
+        raise InputError("knobs.pd_ratio: applies only when PD disaggregation is on; add "
+                         "'pd: true' or 'pd: [false, true]'")
+    if "pim_mode" in k and k["pim_mode"].may_take(lambda v: v != "off"):
+        no_pim = [h for h in space.hardware if not space.hw_info[h].has_pim]
+        if len(no_pim) == len(space.hardware):
+            raise InputError(f"knobs.pim_mode: hardware {_allowed(no_pim)} has no PIM; "
+                             "pim_mode applies only to hardware with PIM")
+    for key in ("tp", "pp"):
+        if key in k and not k[key].may_take(lambda v: v <= space.devices_per_node):
+            raise InputError(f"knobs.{key}: every value exceeds budget.devices_per_node "
+                             f"({space.devices_per_node})")
+    if space.attainment is None and any(o.name == "goodput_per_device" for o in space.objectives):
+        raise InputError("objectives: goodput_per_device needs slo.attainment (per-request "
+                         "limits) to decide which requests are good")
+    if any(o.name == "cost_per_million_tokens" for o in space.objectives) \
+            and space.price_per_device_hour is None:
+        missing = [h for h in space.hardware if space.hw_info[h].price_per_hour is None]
+        if missing:
+            raise InputError("objectives: cost_per_million_tokens needs a price; set "
+                             "budget.price_per_device_hour (the hardware catalogue has no "
+                             f"price for {_allowed(missing)})")
+    if space.capacity.enabled:
+        if space.workload["kind"] != "generate" or space.workload["spec"].get("concurrency"):
+            raise InputError("capacity: capacity search varies the arrival rate; it needs an "
+                             "open-loop 'workload.generate' spec (no concurrency)")
+        if not space.slo and space.attainment is None:
+            raise InputError("capacity: capacity search needs SLOs (slo.*) to decide the "
+                             "highest rate that still meets them")
+    if space.search.sampler == "grid":
+        space.grid()  # raises on infinite domains
+    _check_modelled(space)
+
+
+def _probe_cluster(space: Space, params: dict) -> Any:
+    from dse.config import build_cluster
+
+    return simapi.parse_cluster(build_cluster(space, space.complete(params)),
+                                source=f"{space.path} (probe)")
+
+
+def _check_modelled(space: Space) -> None:
+    """Refuse knobs and objectives that need a feature sim does not model yet (ask sim)."""
+    probes: list[tuple[str, dict]] = []
+    k = space.knobs
+    tp_max = max(v for v in (k["tp"].finite_values() or [int(k["tp"].high)])) if "tp" in k else 1
+    base = {"tp": 1, "pp": 1, "replicas": 2}
+    if "ep" in k and k["ep"].may_take(lambda v: v > 1):
+        ep = next(v for v in (k["ep"].finite_values() or [int(k["ep"].high)]) if v > 1)
+        probes.append(("knobs.ep", {**base, "tp": max(tp_max, 1), "ep": ep}))
+    if "pd" in k and k["pd"].may_take(lambda v: v):
+        probes.append(("knobs.pd", {**base, "pd": True, "pd_ratio": "1:1"}))
+    if "prefix_tier" in k and k["prefix_tier"].may_take(lambda v: v != "npu"):
+        tier = next(v for v in k["prefix_tier"].finite_values() if v != "npu")
+        probes.append(("knobs.prefix_tier", {**base, "prefix_tier": tier}))
+    if "pim_mode" in k and k["pim_mode"].may_take(lambda v: v != "off"):
+        hw = next(h for h in space.hardware if space.hw_info[h].has_pim)
+        probes.append(("knobs.pim_mode", {**base, "hardware": hw, "pim_mode": "attention"}))
+    if any(o.name == "energy_per_token" for o in space.objectives):
+        probes.append(("objectives: energy_per_token", {**base, "_power": True}))
+    for where, params in probes:
+        cluster = _probe_cluster(space, params)
+        problems = simapi.unsupported_features(cluster)
+        if problems:
+            reason = problems[0].split(": ", 2)[-1] if ": " in problems[0] else problems[0]
+            raise InputError(f"{where}: the simulator cannot evaluate this yet: {reason}. "
+                             "Remove it (or fix the knob to its default) until sim models it")
+
+
+def pd_split(ratio: str, replicas: int) -> tuple[int, int]:
+    """Prefill/decode instance counts for ``replicas`` instances at ratio 'P:D'."""
+    m = _PD_RATIO.match(ratio)
+    p, d = int(m.group(1)), int(m.group(2))
+    n_p = max(1, min(replicas - 1, round(replicas * p / (p + d))))
+    return n_p, replicas - n_p
+
+
+def isclose(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)

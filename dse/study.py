@@ -1,0 +1,523 @@
+"""The search driver: the only writer of the Optuna study and of MLflow.
+
+Optuna ask/tell with storage in a journal file under the output folder, so re-running the
+same command resumes: trials a killed driver left RUNNING are failed and their parameters
+re-enqueued, and only COMPLETE trials count toward ``n_trials``. Configurations that cannot
+work are rejected before simulating (told as COMPLETE with large constraint violations and
+the reason recorded). ``deterministic`` asks a batch, waits for all of it and tells in
+trial order, so the same seed gives the same trials.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dse import metrics as M
+from dse._simapi import InputError
+from dse.config import make_trial_config, precheck
+from dse.space import Space, load_space
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "study.journal"
+STUDY_JSON = "study.json"
+SPACE_COPY = "space.yaml"
+STUDY_FILES = (JOURNAL, STUDY_JSON, SPACE_COPY, "mlflow.db", "mlartifacts", "trials.csv",
+               "pareto.csv", "report.html", "best")
+
+
+def versions() -> dict[str, str]:
+    import mlflow
+    import optuna
+    import pandas
+    import ray
+
+    return {"python": platform.python_version(), "optuna": optuna.__version__,
+            "ray": ray.__version__, "mlflow": mlflow.__version__, "numpy": np.__version__,
+            "pandas": pandas.__version__}
+
+
+def make_sampler(space: Space, seed: int, deterministic: bool):
+    import optuna
+
+    s = space.search
+    if s.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=seed)
+    if s.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                          constant_liar=not deterministic)
+    return optuna.samplers.RandomSampler(seed=seed)  # random, and grid (grid is enqueued)
+
+
+def sampler_settings(space: Space, seed: int, deterministic: bool) -> dict[str, Any]:
+    s = space.search
+    d = {"sampler": s.sampler, "seed": seed, "deterministic": deterministic}
+    if s.sampler == "nsga2":
+        d["population_size"] = s.population_size
+    if s.sampler == "tpe":
+        d.update(multivariate=True, constant_liar=not deterministic)
+    return d
+
+
+def open_storage(out_dir: Path):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    path = str(out_dir / JOURNAL)
+    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path,
+                                                                              grace_period=10)))
+
+
+@dataclass
+class Outcome:
+    number: int
+    params: dict
+    values: list[float] | None = None
+    constraints: dict[str, float] = field(default_factory=dict)
+    state: str = "COMPLETE"  # or FAIL
+    attrs: dict[str, Any] = field(default_factory=dict)
+    result: dict | None = field(default=None, repr=False)
+
+
+@dataclass
+class SearchSummary:
+    out_dir: Path
+    complete: int
+    feasible: int
+    failed: int
+    rejected: int
+    pareto: int
+    wall_s: float
+    tracking_s: float
+    resumed: bool
+    requeued: int
+
+
+class Driver:
+    def __init__(self, space: Space, out_dir: Path, *, n_trials: int | None = None,
+                 workers: int | None = None, ray_address: str | None = None,
+                 tracking_uri: str | None = None, fresh: bool = False,
+                 deterministic: bool = False, seed: int | None = None,
+                 progress: bool = True, pool=None, console=None) -> None:
+        self.space = space
+        self.out = out_dir
+        self.seed = space.search.seed if seed is None else seed
+        self.deterministic = deterministic
+        self.n_trials = n_trials or space.search.n_trials
+        if space.search.sampler == "grid":
+            self.n_trials = min(self.n_trials, space.grid_size())
+        self.workers = space.search.workers if workers is None else workers
+        self.ray_address = ray_address
+        self.tracking_uri = tracking_uri
+        self.fresh = fresh
+        self.progress = progress
+        self.pool = pool
+        self.console = console
+        self.tracker = None
+        self.requeued = 0
+        self.resumed = False
+
+    # ---------------------------------------------------------------- setup
+    def _prepare_dir(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        meta_path = self.out / STUDY_JSON
+        if self.fresh:
+            for name in STUDY_FILES:
+                p = self.out / name
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+        meta: dict = {}
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta.get("space_digest") != self.space.digest:
+                raise InputError(
+                    f"{self.out}: holds a study of a different search space "
+                    f"({meta.get('space_path')}, digest {meta.get('space_digest')}); "
+                    "rerun with --fresh to start over, or choose another --out")
+            if meta.get("seed") != self.seed:
+                raise InputError(f"{self.out}: the study there used seed {meta.get('seed')}, "
+                                 f"not {self.seed}; rerun with --fresh or the same --seed")
+            self.resumed = True
+        meta.update({
+            "space_path": str(Path(self.space.path).resolve()),
+            "space_digest": self.space.digest, "study_name": self.space.name,
+            "seed": self.seed, "n_trials": self.n_trials,
+            "sampler": sampler_settings(self.space, self.seed, self.deterministic),
+            "directions": [o.direction for o in self.space.objectives],
+            "objectives": [o.name for o in self.space.objectives],
+            "constraints": M.constraint_keys(self.space), "versions": versions(),
+            "tracking_uri": self.tracking_uri, "command": " ".join(sys.argv),
+        })
+        src = Path(self.space.path)
+        if src.is_file() and src.resolve() != (self.out / SPACE_COPY).resolve():
+            shutil.copyfile(src, self.out / SPACE_COPY)
+        return meta
+
+    def _save_meta(self, meta: dict) -> None:
+        tmp = self.out / (STUDY_JSON + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(self.out / STUDY_JSON)
+
+    def _open_study(self):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        storage = open_storage(self.out)
+        study = optuna.create_study(
+            storage=storage, sampler=make_sampler(self.space, self.seed, self.deterministic),
+            study_name=self.space.name, load_if_exists=True,
+            directions=[o.direction for o in self.space.objectives])
+        return study
+
+    def _recover(self, study) -> list[int]:
+        """Fail trials a killed driver left RUNNING and re-enqueue their parameters."""
+        from optuna.trial import TrialState
+
+        stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        numbers = []
+        for t in stale:
+            params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+            study._storage.set_trial_user_attr(t._trial_id, "reason",
+                                               "interrupted: the driver stopped; re-enqueued")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if params:
+                study.enqueue_trial(params, user_attrs={"requeued_from": t.number},
+                                    skip_if_exists=False)
+            numbers.append(t.number)
+        return numbers
+
+    def _enqueue_grid(self, study) -> None:
+        if self.space.search.sampler != "grid" or study.get_trials(deepcopy=False):
+            return
+        grid = self.space.grid()
+        order = np.random.default_rng(self.seed).permutation(len(grid))
+        for i in order[: self.n_trials]:
+            study.enqueue_trial(grid[int(i)])
+
+    def _start_pool(self):
+        if self.pool is not None:
+            return self.pool.start() if hasattr(self.pool, "start") and not getattr(
+                self.pool, "size", 0) else self.pool
+        from dse.pool import LocalPool, RayPool
+
+        if self.workers == 0:
+            return LocalPool(self.space).start()
+        return RayPool(self.space, self.workers or None, address=self.ray_address,
+                       trial_timeout_s=self.space.search.trial_timeout_s).start()
+
+    # ---------------------------------------------------------------- trials
+    def _task(self, cfg) -> dict:
+        return {"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options}
+
+    def _outcome_from_result(self, cfg, res: dict) -> Outcome:
+        space = self.space
+        base_attrs = {"devices_used": cfg.devices_used, "attempts": res.get("attempts", 1),
+                      "wall_s": res.get("wall_s")}
+        if "rejected" in res:
+            return self._rejected(cfg, res["rejected"], base_attrs)
+        if "error" in res:
+            return Outcome(cfg.number, cfg.params, state="FAIL",
+                           attrs={**base_attrs, "reason": res["error"],
+                                  "traceback": res.get("traceback", "")[-2000:]})
+        summary = res["summary"]
+        slo = res["slo"]
+        objs = M.objective_values(space, summary, slo, cfg.devices_used,
+                                  cfg.params["hardware"])
+        attrs = {**base_attrs, "feasible": slo["feasible"], "reason": "" if slo["feasible"]
+                 else "violates " + ", ".join(k for k, v in slo["constraints"].items() if v > 0),
+                 "objectives": {k: v for k, v in objs.items() if v is not None
+                                and math.isfinite(v)},
+                 "attainment": slo["attainment"],
+                 "latency_provider": str(summary.get("latency_provider", "")),
+                 "latency_source": _source_text(summary.get("latency_source")),
+                 "metrics": {k: v for k, v in M.flatten_summary(summary).items()
+                             if not k.startswith("wall")}}
+        if "capacity" in res:
+            attrs["capacity_rps"] = res["capacity"]["capacity_rps"]
+            attrs["capacity_probes"] = len(res["capacity"]["probes"])
+        out = Outcome(cfg.number, cfg.params, M.told_values(space, objs), slo["constraints"],
+                      attrs=attrs)
+        out.result = res  # for tracking artifacts
+        return out
+
+    def _rejected(self, cfg, reason: str, attrs: dict | None = None) -> Outcome:
+        return Outcome(cfg.number, cfg.params, M.told_values(self.space, None),
+                       M.rejected_constraints(self.space),
+                       attrs={**(attrs or {}), "devices_used": cfg.devices_used,
+                              "feasible": False, "rejected": True, "reason": reason})
+
+    def _record(self, study, trial, cfg, outcome: Outcome) -> None:
+        """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial)."""
+        from optuna.trial import TrialState
+
+        self._track(cfg, outcome)
+        for k, v in outcome.attrs.items():
+            if v is not None:
+                trial.set_user_attr(k, v)
+        if outcome.state == "FAIL":
+            study.tell(trial, state=TrialState.FAIL)
+            self.failed += 1
+            return
+        for k, v in outcome.constraints.items():
+            trial.set_constraint(k, v)
+        study.tell(trial, outcome.values)
+        self.complete += 1
+        if outcome.attrs.get("rejected"):
+            self.rejected += 1
+        elif outcome.attrs.get("feasible"):
+            self.feasible += 1
+            self._update_best(outcome)
+
+    def _update_best(self, outcome: Outcome) -> None:
+        o = self.space.objectives[0]
+        v = outcome.attrs["objectives"].get(o.name)
+        if v is None:
+            return
+        better = self.best is None or (v > self.best if o.direction == "maximize"
+                                       else v < self.best)
+        if better:
+            self.best = v
+
+    def _track(self, cfg, outcome: Outcome) -> None:
+        if self.tracker is None:
+            return
+        a = outcome.attrs
+        params = {**{k: v for k, v in cfg.params.items()},
+                  **{f"cluster.{k}": v for k, v in cfg.summary.items()}}
+        metrics = {f"objective.{k}": v for k, v in (a.get("objectives") or {}).items()}
+        metrics.update(a.get("metrics") or {})
+        metrics.update({f"constraint.{k}": v for k, v in outcome.constraints.items()})
+        for k in ("attainment", "capacity_rps", "wall_s", "attempts"):
+            if a.get(k) is not None:
+                metrics[k] = a[k]
+        tags = {"feasible": str(bool(a.get("feasible"))), "reason": a.get("reason", ""),
+                "latency_provider": a.get("latency_provider", ""),
+                "latency_source": a.get("latency_source", ""), "state": outcome.state,
+                "rejected": str(bool(a.get("rejected")))}
+        files: dict[str, Any] = {"cluster.json": cfg.cluster}
+        res = getattr(outcome, "result", None)
+        if res is not None:
+            files["requests.csv"] = res["requests"]
+            if res.get("timeseries") is not None:
+                files["timeseries.csv"] = res["timeseries"]
+            files["summary.json"] = _jsonable(res["summary"])
+        try:
+            self.tracker.log_trial(cfg.number, params, metrics, tags, files)
+        except Exception as exc:  # noqa: BLE001 - tracking must not kill the study
+            log.warning("MLflow logging failed for trial %d: %s", cfg.number, exc)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> SearchSummary:
+        from optuna.trial import TrialState
+
+        from dse.tracking import Tracker, default_tracking_uri
+
+        t_start = time.perf_counter()
+        meta = self._prepare_dir()
+        study = self._open_study()
+        requeue = self._recover(study)
+        self.requeued = len(requeue)
+        self._enqueue_grid(study)
+        uri = self.tracking_uri or meta.get("tracking_uri") or default_tracking_uri(self.out)
+        meta["tracking_uri"] = uri
+        self.tracker = Tracker(uri, self.out, f"dse-{self.space.name}")
+        meta["mlflow_parent_run_id"] = self.tracker.open_parent(
+            meta.get("mlflow_parent_run_id"), f"{self.space.name} study",
+            params={"space": self.space.path, "n_trials": self.n_trials,
+                    "objectives": [f"{o.name}:{o.direction}" for o in self.space.objectives],
+                    "slo": self.space.slo, "model": self.space.model,
+                    "hardware": list(self.space.hardware),
+                    "total_devices": self.space.total_devices,
+                    **{f"sampler.{k}": v for k, v in
+                       sampler_settings(self.space, self.seed, self.deterministic).items()}},
+            tags={"dse.out_dir": str(self.out.resolve()), "dse.space_digest": self.space.digest,
+                  **{f"version.{k}": v for k, v in meta["versions"].items()}})
+        self.tracker.delete_trial_runs(requeue)
+        meta["experiment_id"] = self.tracker.experiment_id
+        self._save_meta(meta)
+
+        done = study.get_trials(deepcopy=False)
+        self.complete = sum(t.state == TrialState.COMPLETE for t in done)
+        self.failed = 0
+        self.rejected = sum(bool(t.user_attrs.get("rejected")) for t in done
+                            if t.state == TrialState.COMPLETE)
+        self.feasible = sum(bool(t.user_attrs.get("feasible")) for t in done
+                            if t.state == TrialState.COMPLETE)
+        self.best = None
+        for t in done:
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible"):
+                self._update_best(Outcome(t.number, t.params, attrs=t.user_attrs))
+        max_failures = max(10, self.n_trials)
+        deadline = (time.monotonic() + self.space.search.timeout_s
+                    if self.space.search.timeout_s else None)
+
+        if self.complete >= self.n_trials and self.pool is None:
+            from dse.pool import LocalPool
+
+            self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
+        self.pool = self._start_pool()
+        inflight: dict[int, tuple[Any, Any]] = {}  # number -> (trial, cfg)
+        status = "FINISHED"
+        prog = _Progress(self, enabled=self.progress, console=self.console)
+        try:
+            with prog:
+                while True:
+                    out_of_time = deadline is not None and time.monotonic() > deadline
+                    can_ask = (not out_of_time and self.failed < max_failures
+                               and self.complete + len(inflight) < self.n_trials)
+                    if self.deterministic:
+                        if can_ask:
+                            self._batch(study, inflight, prog)
+                            continue
+                    else:
+                        while can_ask and self.pool.free > 0:
+                            self._ask_one(study, inflight, submit=True)
+                            prog.update()
+                            can_ask = self.complete + len(inflight) < self.n_trials
+                    if not inflight:
+                        break
+                    for res in self.pool.poll(timeout=0.5):
+                        trial, cfg = inflight.pop(res["number"])
+                        self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
+                    prog.update()
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            self.pool.shutdown()
+            self._finish(study, status, time.perf_counter() - t_start)
+        return SearchSummary(self.out, self.complete, self.feasible, self.failed, self.rejected,
+                             self._pareto_count, time.perf_counter() - t_start,
+                             self.tracker.seconds, self.resumed, self.requeued)
+
+    def _ask_one(self, study, inflight: dict, submit: bool):
+        trial = study.ask()
+        params = self.space.suggest(trial)
+        cfg = make_trial_config(self.space, trial.number, params)
+        reason = precheck(self.space, cfg)
+        if reason:
+            outcome = self._rejected(cfg, reason)
+            if submit:
+                self._record(study, trial, cfg, outcome)
+            return trial, cfg, outcome
+        inflight[trial.number] = (trial, cfg)
+        self.pool.submit(self._task(cfg))
+        return trial, cfg, None
+
+    def _batch(self, study, inflight: dict, prog) -> None:
+        """Deterministic mode: ask a batch, wait for all of it, tell in trial order."""
+        k = min(max(1, self.pool.size), self.n_trials - self.complete)
+        asked = [self._ask_one(study, inflight, submit=False) for _ in range(k)]
+        results: dict[int, dict] = {}
+        while len(results) < len(inflight):
+            for res in self.pool.poll(timeout=0.5):
+                results[res["number"]] = res
+            prog.update()
+        for trial, cfg, outcome in sorted(asked, key=lambda x: x[0].number):
+            if outcome is None:
+                outcome = self._outcome_from_result(cfg, results[trial.number])
+                inflight.pop(trial.number)
+            self._record(study, trial, cfg, outcome)
+        prog.update()
+
+    def _finish(self, study, status: str, wall_s: float) -> None:
+        from dse.report import write_results
+
+        self._pareto_count = 0
+        try:
+            files = write_results(self.space, study, self.out)
+            self._pareto_count = files.get("pareto_count", 0)
+            if self.tracker is not None and self.tracker.parent_id:
+                self.tracker.close_parent(
+                    {"trials_complete": self.complete, "trials_feasible": self.feasible,
+                     "trials_failed": self.failed, "trials_rejected": self.rejected,
+                     "pareto_size": self._pareto_count, "wall_s": wall_s,
+                     "tracking_s": self.tracker.seconds},
+                    [p for p in (self.out / "trials.csv", self.out / "pareto.csv",
+                                 self.out / "report.html", self.out / STUDY_JSON,
+                                 self.out / "best") if p.exists()], status=status)
+        except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
+            log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
+
+
+def _source_text(src: Any) -> str:
+    """sim reports a latency source per instance; name each distinct one once."""
+    if isinstance(src, dict):
+        return ", ".join(dict.fromkeys(str(v) for v in src.values()))
+    return "" if src is None else str(src)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    return obj
+
+
+class _Progress:
+    """A rich progress bar: trials done, feasible, best so far, ETA."""
+
+    def __init__(self, driver: Driver, enabled: bool, console=None) -> None:
+        self.d = driver
+        self.enabled = enabled
+        self.console = console
+        self._p = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                               MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                               console=self.console or Console(stderr=True), transient=False)
+            self._p.__enter__()
+            self._task = self._p.add_task(self.d.space.name, total=self.d.n_trials,
+                                          completed=self.d.complete, info="")
+        return self
+
+    def update(self) -> None:
+        if self._p is None:
+            return
+        o = self.d.space.objectives[0]
+        best = "-" if self.d.best is None else f"{self.d.best:.4g}"
+        info = (f"feasible {self.d.feasible}  rejected {self.d.rejected}  failed "
+                f"{self.d.failed}  best {o.name}={best}")
+        self._p.update(self._task, completed=self.d.complete, info=info)
+
+    def __exit__(self, *exc):
+        if self._p is not None:
+            self.update()
+            self._p.__exit__(*exc)
+
+
+def run_search(space_path: str | Path, out_dir: str | Path, **kw) -> SearchSummary:
+    space = load_space(space_path)
+    return Driver(space, Path(out_dir), **kw).run()

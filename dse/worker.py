@@ -1,0 +1,121 @@
+"""Evaluating one configuration: simulate, score against the SLOs, optionally search capacity.
+
+:func:`evaluate` is a pure function of the space and a task (plain data), so the same code
+runs in a long-lived Ray actor (:class:`SimWorker`) or in the driver process. Workers never
+touch the Optuna study or MLflow; they return results to the driver, which records them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from dse.metrics import evaluate_slos
+from dse.space import Space
+
+
+class _Workloads:
+    """Workloads built once per worker and reused across trials (sim does not mutate them)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Any, Any] = {}
+
+    def get(self, wl: dict, rate: float | None = None):
+        import sim
+
+        key = (wl["kind"], wl.get("path"), wl.get("limit"), rate)
+        if key not in self._cache:
+            if wl["kind"] == "file":
+                self._cache[key] = sim.load_jsonl(wl["path"], limit=wl.get("limit"))
+            else:
+                spec = dict(wl["spec"])
+                if rate is not None:
+                    spec["rate"] = rate
+                self._cache[key] = sim.generate(sim.workload_from_mapping(spec))
+            if len(self._cache) > 64:  # capacity probes: keep memory bounded
+                self._cache.pop(next(iter(self._cache)))
+        return self._cache[key]
+
+
+def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None) -> dict:
+    import sim
+
+    cluster = sim.parse_cluster(task["cluster"], source=f"trial {task['number']}")
+    opts = sim.SimOptions(**task["options"])
+    res = sim.simulate(cluster, workloads.get(space.workload, rate), opts)
+    requests = res.requests_table()
+    summary = dict(res.summary)
+    return {"summary": summary, "requests": requests, "timeseries": res.timeseries_table(),
+            "slo": evaluate_slos(summary, requests, space), "rate": rate}
+
+
+def _capacity(space: Space, task: dict, workloads: _Workloads) -> dict:
+    """Highest arrival rate that meets the SLOs: exponential probe, then bisection."""
+    cap = space.capacity
+    probes: list[tuple[float, bool]] = []
+    best = last = None
+    lo, hi = 0.0, None
+    rate = cap.start_rate
+    while len(probes) < cap.max_probes:
+        run = _simulate(space, task, workloads, rate)
+        ok = run["slo"]["feasible"]
+        probes.append((rate, ok))
+        last = run
+        if ok:
+            best, lo = run, rate
+        else:
+            hi = rate
+        if hi is None:
+            if rate >= cap.max_rate:
+                break
+            rate = min(rate * 2, cap.max_rate)
+        elif lo == 0.0:
+            rate = rate / 2  # even the start rate fails: walk down
+            if rate < cap.start_rate / 2 ** 8:
+                break
+        else:
+            if (hi - lo) / hi <= cap.tolerance:
+                break
+            rate = (lo + hi) / 2
+    out = best or last
+    out["capacity"] = {"capacity_rps": lo, "probes": probes}
+    return out
+
+
+def evaluate(space: Space, task: dict, workloads: _Workloads | None = None) -> dict:
+    """Run one trial. Returns a result dict; user-input problems come back as ``rejected``."""
+    import sim
+
+    workloads = workloads or _Workloads()
+    t0 = time.perf_counter()
+    try:
+        if space.capacity.enabled:
+            out = _capacity(space, task, workloads)
+        else:
+            out = _simulate(space, task, workloads, None)
+    except sim.InputError as exc:
+        return {"number": task["number"], "rejected": str(exc).removeprefix(
+            f"trial {task['number']}: "), "wall_s": time.perf_counter() - t0}
+    except Exception as exc:  # noqa: BLE001 - reported as a failed trial, the study goes on
+        return {"number": task["number"], "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8), "wall_s": time.perf_counter() - t0}
+    out["number"] = task["number"]
+    out["wall_s"] = time.perf_counter() - t0
+    out["worker_pid"] = os.getpid()
+    return out
+
+
+class SimWorker:
+    """A long-lived worker (a Ray actor in a pool): owns its workload cache, reused."""
+
+    def __init__(self, space: Space) -> None:
+        self.space = space
+        self.workloads = _Workloads()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, task: dict) -> dict:
+        return evaluate(self.space, task, self.workloads)
