@@ -210,9 +210,6 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
     problems = []
     for inst in cluster.instances:
         where = f"{cluster.source}: instance {inst.instance_id}"
-        if inst.pd_type is not None:
-            problems.append(f"{where}: pd_type={inst.pd_type!r} (prefill/decode disaggregation) "
-                            "is not modelled yet")
         if inst.dp_group is not None:
             problems.append(f"{where}: dp_group={inst.dp_group!r} (DP groups) is not modelled yet")
         if inst.ep_size > 1:

@@ -18,7 +18,7 @@ from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.latency.base import LATENCY_PROVIDERS
-from sim.metrics import RunResult, TimeSeries, summarize
+from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
 from sim.options import SimOptions
 from sim.request import Request
@@ -101,6 +101,18 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o = opts.for_instance(inst.overrides)
         o.validate()
         kv_capacity_blocks(inst, model, o.block_size)
+    roles = [i.pd_type for i in cluster.instances]
+    if any(roles):
+        if not all(roles):
+            raise InputError(f"{cluster.source}: with prefill/decode disaggregation every "
+                             "instance needs pd_type 'prefill' or 'decode'")
+        for role, other in (("prefill", "decode"), ("decode", "prefill")):
+            if role in roles and other not in roles:
+                raise InputError(f"{cluster.source}: pd_type {role!r} instances need at least one "
+                                 f"{other!r} instance to pair with")
+        if len({i.model_name for i in cluster.instances}) > 1:
+            raise InputError(f"{cluster.source}: prefill and decode instances must serve the "
+                             "same model")
     if opts.prefix_storage == "CXL" and not cluster.cxl_mem:
         raise InputError(f"{cluster.source}: --prefix-storage CXL needs a cxl_mem block in the "
                          "cluster config")
@@ -128,6 +140,29 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv)))
     return out
+
+
+def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
+    """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
+    link_bw/link_latency, inter-node the last dimension."""
+    dim = 0 if a.node_id == b.node_id else -1
+
+    def pick(v):
+        return float(v[dim] if isinstance(v, list) else v)
+
+    return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
+
+
+def kv_transfer_ns(cluster: ClusterConfig, src: InstanceRuntime, dst: InstanceRuntime,
+                   tokens: int) -> tuple[int, int]:
+    """(ns, bytes) to move ``tokens`` tokens of KV from a prefill to a decode instance.
+
+    Each of the source's tp ranks sends its shard over its own link, in parallel, so the
+    time is one shard's bytes over one link plus the link latency.
+    """
+    shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
+    bw, lat = _link(cluster, src.config, dst.config)
+    return int(lat + shard / (bw * (1 << 30) / 1e9)), shard * src.tp * src.pp
 
 
 def _build_tiers(cluster: ClusterConfig, opts: SimOptions,
@@ -208,10 +243,23 @@ class Simulator:
             kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
                                 inst.opts.enable_prefix_caching)
             inst.scheduler = Scheduler(inst.instance_id, inst.opts, kv)
+            inst.scheduler.role = inst.config.pd_type
         _build_tiers(self.cluster, self.opts, self.instances)
         schedulers = [i.scheduler for i in self.instances]
         router = ROUTING_POLICIES.create(opts.routing_policy, opts.seed,
                                          source="--request-routing-policy")
+        # With PD disaggregation new requests go to prefill instances, and finished prefills
+        # to decode instances chosen by pd_decode_policy.
+        pd = any(i.config.pd_type for i in self.instances)
+        entry = [i for i, inst in enumerate(self.instances)
+                 if not pd or inst.config.pd_type == "prefill"]
+        entry_scheds = [schedulers[i] for i in entry]
+        decode_idx = [i for i, inst in enumerate(self.instances) if inst.config.pd_type == "decode"]
+        decode_scheds = [schedulers[i] for i in decode_idx]
+        decode_router = ROUTING_POLICIES.create(opts.pd_decode_policy, opts.seed,
+                                                source="pd_decode_policy") if pd else None
+        transfers_ns: list[int] = []
+        transfer_bytes = 0
         backend = self.backend
         series = TimeSeries(opts.timeseries_interval_ns)
         itl: list[int] = []
@@ -260,7 +308,7 @@ class Simulator:
             # 2. Route arrivals.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                schedulers[router.choose(req, schedulers)].add_request(req)
+                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
             # 3. Retire iterations that end now.
             while in_flight and in_flight[0][0] <= now:
                 end, _, idx, batch = heapq.heappop(in_flight)
@@ -284,15 +332,32 @@ class Simulator:
                         heapq.heappush(pending, (end, r.rid, r))
                 if progress is not None and finished:
                     progress.update(len(all_reqs) - remaining, now)
+                if sch.handoffs:
+                    for req in sch.handoffs:
+                        req.prefill_instance = idx
+                        req.remote_kv = True
+                        decode_scheds[decode_router.choose(req, decode_scheds)].add_request(req)
+                    sch.handoffs.clear()
             # Arrivals released at exactly `now` by completions are routed before scheduling.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                schedulers[router.choose(req, schedulers)].add_request(req)
+                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
             # 4. Idle instances schedule their next batch.
             for idx, inst in enumerate(self.instances):
                 if inflight_count[idx] >= depth[idx] or free_at[idx] > now:
                     continue
                 batch = inst.scheduler.schedule(now)
+                if inst.scheduler.admitted_transfers:
+                    for req in inst.scheduler.admitted_transfers:
+                        src = self.instances[req.prefill_instance]
+                        t, nbytes = kv_transfer_ns(self.cluster, src, inst, req.num_tokens - 1)
+                        req.ready_ns = now + t
+                        req.kv_transfer_ns = t
+                        transfers_ns.append(t)
+                        transfer_bytes += nbytes
+                        seq += 1
+                        heapq.heappush(in_flight, (req.ready_ns, seq, idx, None))
+                    inst.scheduler.admitted_transfers.clear()
                 if batch is None:
                     if (inst.scheduler.waiting and not inst.scheduler.running
                             and inflight_count[idx] == 0):
@@ -330,6 +395,9 @@ class Simulator:
         summary["prefix_hit_ratio_npu"] = (summary["prefix_hit_tokens"] - lower) / queried if queried else 0.0
         summary["prefix_hit_ratio_lower_tier"] = lower / queried if queried else 0.0
         summary["prefix_storage"] = self.opts.prefix_storage
+        summary["kv_transfers"] = len(transfers_ns)
+        summary["kv_transfer_bytes"] = transfer_bytes
+        summary["kv_transfer_ms"] = stats_ms(transfers_ns) if transfers_ns else None
         extrap = {}
         for inst in self.instances:
             for k, v in inst.provider.extrapolations().items():

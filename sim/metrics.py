@@ -18,7 +18,8 @@ from sim.request import Request
 REQUEST_COLUMNS = ("request_id", "instance_id", "session_id", "sub_request_index", "arrival_ns",
                    "first_token_ns", "last_token_ns", "input_tokens", "output_tokens", "ttft_ns",
                    "tpot_ns", "latency_ns", "queueing_ns", "prefix_hit_tokens",
-                   "prefix_hit_tokens_lower_tier", "preemptions", "itl_max_ns")
+                   "prefix_hit_tokens_lower_tier", "preemptions", "itl_max_ns",
+                   "prefill_instance_id", "kv_transfer_ns")
 TIMESERIES_COLUMNS = ("t_s", "prompt_tps", "gen_tps", "running", "waiting", "kv_usage")
 PERCENTILES = (50, 90, 95, 99)
 
@@ -82,7 +83,8 @@ class RunResult:
             rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, r.arrival_ns,
                          r.first_token_ns, r.last_token_ns, r.input_len, r.num_output, ttft, tpot,
                          r.last_token_ns - r.arrival_ns, r.first_scheduled_ns - r.arrival_ns,
-                         r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns))
+                         r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns,
+                         r.prefill_instance, r.kv_transfer_ns))
         df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 

@@ -29,6 +29,8 @@ class SimOptions:
     #: all instances of a node share one lower-tier pool
     enable_prefix_sharing: bool = False
     routing_policy: str = "LOAD"
+    #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
+    pd_decode_policy: str = "LOAD"
     seed: int = 0
     #: "auto" (measured where a bundle exists, else roofline), "measured", "roofline", "aic"
     latency_provider: str = "auto"

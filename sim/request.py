@@ -18,7 +18,8 @@ class Request:
         # runtime state
         "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
         "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight", "lower_hit",
+        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight", "lower_hit", "remote_kv", "ready_ns", "prefill_instance",
+        "kv_transfer_ns",
     )
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
@@ -52,6 +53,10 @@ class Request:
         self.cache_node = None
         self.in_flight = False
         self.lower_hit = 0
+        self.remote_kv = False
+        self.ready_ns = -1
+        self.prefill_instance = -1
+        self.kv_transfer_ns = 0
 
     @property
     def num_tokens(self) -> int:

@@ -54,3 +54,14 @@ class UniformRandom:
 
     def choose(self, req: Request, schedulers: list) -> int:
         return self.rng.randrange(len(schedulers))
+
+
+@ROUTING_POLICIES.register("LEAST_KV")
+class LeastKV:
+    """The instance with the lowest KV-cache usage (ties to the lowest id)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        pass
+
+    def choose(self, req: Request, schedulers: list) -> int:
+        return min(range(len(schedulers)), key=lambda i: (schedulers[i].kv.usage(), i))

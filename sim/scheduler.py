@@ -50,6 +50,12 @@ class Scheduler:
         self.reserve_full = opts.reserve_full_isl
         #: bytes of one KV block of the whole instance (what a lower-tier hit loads)
         self.tier_block_bytes = 0
+        #: PD disaggregation role: None, "prefill" or "decode"
+        self.role: str | None = None
+        #: prefill role: requests whose prefill finished, to be handed to a decode instance
+        self.handoffs: list[Request] = []
+        #: decode role: requests admitted this step whose KV must now be transferred in
+        self.admitted_transfers: list[Request] = []
 
     def add_request(self, req: Request) -> None:
         req.instance_id = self.instance_id
@@ -67,6 +73,7 @@ class Scheduler:
     def _preempt(self, victim: Request) -> None:
         self.kv.free_request(victim)
         victim.num_computed = 0
+        victim.remote_kv = False  # its transferred KV is gone: recompute locally
         victim.status = WAITING
         victim.preemptions += 1
         self.num_preemptions += 1
@@ -84,7 +91,8 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            if req.in_flight:  # pipeline parallelism: its previous step is still running
+            if req.in_flight or req.ready_ns > now:
+                # Its previous step is still in the pipeline, or its KV is still arriving.
                 i += 1
                 continue
             n = req.num_tokens - req.num_computed
@@ -114,6 +122,18 @@ class Scheduler:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 req = waiting[0]
+                if req.remote_kv:
+                    # Decode side of PD disaggregation: the prompt's KV comes from the prefill
+                    # instance. Admit only when blocks for the whole sequence are free; the
+                    # request runs once the transfer has landed.
+                    if not kv.allocate(req, req.num_tokens):
+                        break
+                    waiting.popleft()
+                    req.num_computed = req.num_tokens - 1
+                    req.status = RUNNING
+                    running.append(req)
+                    self.admitted_transfers.append(req)
+                    continue
                 hit = kv.lookup(req)
                 lower = kv.lookup_lower(req, len(hit)) if kv.lower_tier is not None else 0
                 hit_tokens = len(hit) * kv.block_size
@@ -196,11 +216,18 @@ class Scheduler:
                     req.status = FINISHED
                     req.finish_ns = now
                     finished.append(req)
+                elif self.role == "prefill":
+                    # Prefill done: the request moves to a decode instance.
+                    req.status = WAITING
+                    self.handoffs.append(req)
             if caching and req.num_computed // bs > (req.cached_hashes or 0):
                 kv.cache_full_blocks(req)
-        if finished:
-            done = set(id(r) for r in finished)
+        leaving = finished + self.handoffs if self.handoffs else finished
+        if leaving:
+            done = set(id(r) for r in leaving)
             self.running = [r for r in self.running if id(r) not in done]
-            for r in finished:
+            for r in leaving:
+                if caching:
+                    kv.cache_full_blocks(r)
                 kv.free_request(r)
         return finished
