@@ -62,10 +62,6 @@ def build_cluster(space: Space, params: dict) -> dict:
     }
     if space.is_moe:
         instance_base["ep_size"] = int(params.get("ep", 1))
-    tier = params.get("prefix_tier", "npu")
-    if tier != "npu":
-        instance_base["placement"] = {"default": {"weights": "npu", "kv_loc": "npu",
-                                                  "kv_evict_loc": tier}}
     nodes = []
     for start in range(0, replicas, per_node):
         insts = []
@@ -80,13 +76,18 @@ def build_cluster(space: Space, params: dict) -> dict:
         if params.get("_power") or any(o.name == "energy_per_token" for o in space.objectives):
             node["power"] = {"base_node_power": 0, "npu": {hw: {}}}
         nodes.append(node)
-    return {
+    out = {
         "num_nodes": len(nodes),
         "link_bw": cd.get("link_bw") or info.link_bw_GBps or 16.0,
         "link_latency": cd.get("link_latency") if cd.get("link_latency") is not None
         else (info.link_latency_ns or 0),
         "nodes": nodes,
     }
+    if params.get("prefix_tier", "npu") == "cxl":
+        # A CXL memory expander for the lower prefix tier (space cluster defaults may override).
+        out["cxl_mem"] = cd.get("cxl_mem") or {"mem_size": 512, "mem_bw": 64, "mem_latency": 250,
+                                               "num_devices": 1}
+    return out
 
 
 def sim_options(space: Space, params: dict) -> dict:
@@ -95,6 +96,10 @@ def sim_options(space: Space, params: dict) -> dict:
     opts["latency_provider"] = space.simulator["latency_provider"]
     opts["backend"] = space.simulator["backend"]
     opts["seed"] = space.simulator["seed"]
+    tier = params.get("prefix_tier", "npu")
+    if tier != "npu":
+        # Blocks evicted from the NPU's prefix cache are kept in CPU memory or CXL.
+        opts["prefix_storage"] = tier.upper()
     if space.simulator.get("max_sim_time_s"):
         opts["max_sim_time_ns"] = int(space.simulator["max_sim_time_s"] * 1e9)
     return opts
