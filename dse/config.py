@@ -68,6 +68,9 @@ def build_cluster(space: Space, params: dict) -> dict:
         for r in range(start, min(replicas, start + per_node)):
             inst = dict(instance_base)
             inst["pd_type"] = pd_types[r]
+            if int(params.get("dp", 1)) > 1:
+                # Consecutive replicas form data-parallel groups of dp instances.
+                inst["dp_group"] = f"dp{r // int(params['dp'])}"
             insts.append(inst)
         cpu = dict(cd["cpu_mem"])
         if params.get("pim_mode", "off") != "off":
@@ -100,6 +103,7 @@ def sim_options(space: Space, params: dict) -> dict:
     if tier != "npu":
         # Blocks evicted from the NPU's prefix cache are kept in CPU memory or CXL.
         opts["prefix_storage"] = tier.upper()
+        opts["enable_prefix_sharing"] = bool(params.get("prefix_sharing", False))
     if space.simulator.get("max_sim_time_s"):
         opts["max_sim_time_ns"] = int(space.simulator["max_sim_time_s"] * 1e9)
     return opts

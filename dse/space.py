@@ -42,19 +42,19 @@ OBJECTIVES = {
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
 PIM_MODES = ("off", "attention")
-BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd")
-INT_KNOBS = ("tp", "pp", "ep", "replicas", "max_num_seqs", "max_num_batched_tokens",
+BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing")
+INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
 STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
-KNOB_ORDER = ("hardware", "tp", "pp", "ep", "replicas", "pd", "pd_ratio", "pim_mode",
-              "prefix_tier", "max_num_seqs", "max_num_batched_tokens",
+KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "replicas", "pd", "pd_ratio", "pim_mode",
+              "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
               "enable_chunked_prefill", "routing_policy")
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "ep": 1, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+    "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
     "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
     "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
     "routing_policy": "LOAD",
@@ -263,6 +263,8 @@ class Space:
             return self.is_moe
         if name == "pd_ratio":
             return bool(params.get("pd", False))
+        if name == "prefix_sharing":
+            return params.get("prefix_tier", "npu") != "npu"
         if name == "pim_mode":
             hw = params.get("hardware", self.hardware[0])
             return self.hw_info[hw].has_pim
@@ -296,6 +298,8 @@ class Space:
             out["pd_ratio"] = "1:1"
         if not self.is_moe:
             out["ep"] = 1
+        if out.get("prefix_tier", "npu") == "npu":
+            out["prefix_sharing"] = False
         return out
 
     def grid(self) -> list[dict[str, Any]]:

@@ -210,11 +210,6 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
     problems = []
     for inst in cluster.instances:
         where = f"{cluster.source}: instance {inst.instance_id}"
-        if inst.dp_group is not None:
-            problems.append(f"{where}: dp_group={inst.dp_group!r} (DP groups) is not modelled yet")
-        if inst.ep_size > 1:
-            problems.append(f"{where}: ep_size={inst.ep_size} (expert parallelism) is not "
-                            "modelled yet")
         if inst.placement:
             problems.append(f"{where}: placement (weight/KV placement across memories) is not "
                             "modelled yet")

@@ -17,7 +17,8 @@ from sim.backend import AnalyticalBackend, SystemBackend
 from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.latency.base import LATENCY_PROVIDERS
+from sim.gate import GATE_POLICIES
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
 from sim.options import SimOptions
@@ -101,6 +102,37 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o = opts.for_instance(inst.overrides)
         o.validate()
         kv_capacity_blocks(inst, model, o.block_size)
+    groups: dict[str, list[InstanceConfig]] = {}
+    for inst in cluster.instances:
+        model = load_model(inst.model_name)
+        where = f"{cluster.source}: instance {inst.instance_id}"
+        if inst.ep_size > 1:
+            if not model.is_moe:
+                raise InputError(f"{where}: ep_size={inst.ep_size} but {model.name} is not a "
+                                 "mixture-of-experts model")
+            if model.num_experts % inst.ep_size:
+                raise InputError(f"{where}: ep_size={inst.ep_size} does not divide the "
+                                 f"{model.num_experts} experts of {model.name}")
+        if inst.dp_group is not None:
+            groups.setdefault(str(inst.dp_group), []).append(inst)
+    for inst in cluster.instances:
+        if inst.ep_size > 1:
+            domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
+            npus = sum(m.num_npus for m in domain)
+            if npus % inst.ep_size:
+                raise InputError(
+                    f"{cluster.source}: instance {inst.instance_id}: its expert-parallel domain "
+                    f"(the instance, or its dp_group) has {npus} NPU(s), not a multiple of "
+                    f"ep_size={inst.ep_size}")
+    for name, members in groups.items():
+        first = members[0]
+        for m in members[1:]:
+            for field in ("model_name", "tp_size", "pp_size", "ep_size", "hardware"):
+                if getattr(m, field) != getattr(first, field):
+                    raise InputError(
+                        f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
+                        f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
+                        f"{getattr(first, field)!r}; members of a DP group must match")
     roles = [i.pd_type for i in cluster.instances]
     if any(roles):
         if not all(roles):
@@ -194,6 +226,27 @@ def _build_tiers(cluster: ClusterConfig, opts: SimOptions,
             inst.scheduler.kv.lower_tier = tier
 
 
+def _scheduling_units(instances: list[InstanceRuntime]) -> list[list[int]]:
+    """Instances that step together. Members of a DP group serving an MoE model run in
+    waves (they meet at every MoE all-to-all); every other instance steps alone."""
+    units: list[list[int]] = []
+    by_group: dict[str, list[int]] = {}
+    for idx, inst in enumerate(instances):
+        g = inst.config.dp_group
+        if g is not None and inst.model.is_moe:
+            if str(g) not in by_group:
+                by_group[str(g)] = []
+                units.append(by_group[str(g)])
+            by_group[str(g)].append(idx)
+        else:
+            units.append([idx])
+    return units
+
+
+#: the dummy step an idle DP-group member runs so that it joins the collectives (vLLM)
+DUMMY_SHAPE = BatchShape(num_tokens=1, num_seqs=1, prefill_tokens=1)
+
+
 def _fresh_requests(workload: Workload) -> list[Request]:
     """Copies of the workload's requests (so a Workload can be simulated many times)."""
     out = []
@@ -279,15 +332,21 @@ class Simulator:
             for r in heads:
                 heapq.heappush(pending, (r.arrival_ns, r.rid, r))
 
-        # Iterations in flight: (end_ns, seq, instance index, batch or None). A None batch is
-        # a wake-up: with pipeline parallelism an instance may issue its next batch once
-        # the previous one has left the first stage, up to pp batches in flight.
-        in_flight: list[tuple[int, int, int, Batch | None]] = []
+        # Iterations in flight: (end_ns, seq, unit index, [(instance index, batch)] or None).
+        # A unit is one instance, or a DP group stepping in lockstep. None is a wake-up: with
+        # pipeline parallelism a unit may issue its next batch once the previous one has left
+        # the first stage (up to pp in flight), and a decode instance wakes when a KV
+        # transfer lands.
+        units = _scheduling_units(self.instances)
+        unit_of = {idx: u for u, members in enumerate(units) for idx in members}
+        in_flight: list[tuple[int, int, int, list | None]] = []
         seq = 0
-        n_inst = len(self.instances)
-        inflight_count = [0] * n_inst
-        free_at = [0] * n_inst
-        depth = [inst.pp for inst in self.instances]
+        n_units = len(units)
+        inflight_count = [0] * n_units
+        free_at = [0] * n_units
+        depth = [self.instances[m[0]].pp for m in units]
+        gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
+                                    source="expert_routing_policy")
         now = 0
         remaining = len(all_reqs)
         max_time = opts.max_sim_time_ns
@@ -296,11 +355,10 @@ class Simulator:
             # 1. Next event time: an iteration ending or (if something is idle) an arrival.
             t_next = in_flight[0][0] if in_flight else None
             if pending and (t_next is None or pending[0][0] < t_next):
-                if any(inflight_count[i] < depth[i] for i in range(n_inst)):
+                if any(inflight_count[u] < depth[u] for u in range(n_units)):
                     t_next = pending[0][0] if t_next is None else min(t_next, pending[0][0])
             if t_next is None:
-                raise RuntimeError("simulation stalled: requests remain but nothing can run "
-                                   "(a request larger than an instance's KV capacity?)")
+                raise RuntimeError("simulation stalled: requests remain but nothing can run")
             if t_next > now:
                 now = t_next
             if max_time is not None and now > max_time:
@@ -311,75 +369,89 @@ class Simulator:
                 entry_scheds[router.choose(req, entry_scheds)].add_request(req)
             # 3. Retire iterations that end now.
             while in_flight and in_flight[0][0] <= now:
-                end, _, idx, batch = heapq.heappop(in_flight)
-                if batch is None:
+                end, _, unit, payload = heapq.heappop(in_flight)
+                if payload is None:
                     continue
-                inflight_count[idx] -= 1
-                sch = schedulers[idx]
-                finished = sch.complete(batch, end, itl)
-                series.record(end, batch.prefill_tokens, batch.decode_tokens + len(finished) * 0,
-                              len(sch.running), len(sch.waiting), sch.kv.usage())
-                for req in finished:
-                    remaining -= 1
-                    nxt = req.next_sub
-                    if nxt is not None:
-                        nxt.arrival_ns = end + nxt.tool_ns
-                        heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
-                    if clients > 0 and backlog:
-                        r = backlog.pop()
-                        r.arrival_ns = end
-                        r.client_id = req.client_id
-                        heapq.heappush(pending, (end, r.rid, r))
-                if progress is not None and finished:
-                    progress.update(len(all_reqs) - remaining, now)
-                if sch.handoffs:
-                    for req in sch.handoffs:
-                        req.prefill_instance = idx
-                        req.remote_kv = True
-                        decode_scheds[decode_router.choose(req, decode_scheds)].add_request(req)
-                    sch.handoffs.clear()
+                inflight_count[unit] -= 1
+                for idx, batch in payload:
+                    sch = schedulers[idx]
+                    finished = sch.complete(batch, end, itl)
+                    series.record(end, batch.prefill_tokens, batch.decode_tokens,
+                                  len(sch.running), len(sch.waiting), sch.kv.usage())
+                    for req in finished:
+                        remaining -= 1
+                        nxt = req.next_sub
+                        if nxt is not None:
+                            nxt.arrival_ns = end + nxt.tool_ns
+                            heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
+                        if clients > 0 and backlog:
+                            r = backlog.pop()
+                            r.arrival_ns = end
+                            r.client_id = req.client_id
+                            heapq.heappush(pending, (end, r.rid, r))
+                    if progress is not None and finished:
+                        progress.update(len(all_reqs) - remaining, now)
+                    if sch.handoffs:
+                        for req in sch.handoffs:
+                            req.prefill_instance = idx
+                            req.remote_kv = True
+                            decode_scheds[decode_router.choose(req, decode_scheds)].add_request(req)
+                        sch.handoffs.clear()
             # Arrivals released at exactly `now` by completions are routed before scheduling.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
                 entry_scheds[router.choose(req, entry_scheds)].add_request(req)
-            # 4. Idle instances schedule their next batch.
-            for idx, inst in enumerate(self.instances):
-                if inflight_count[idx] >= depth[idx] or free_at[idx] > now:
+            # 4. Idle units schedule their next batch (every member of a DP group at once).
+            for unit, members in enumerate(units):
+                if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
                     continue
-                batch = inst.scheduler.schedule(now)
-                if inst.scheduler.admitted_transfers:
-                    for req in inst.scheduler.admitted_transfers:
-                        src = self.instances[req.prefill_instance]
-                        t, nbytes = kv_transfer_ns(self.cluster, src, inst, req.num_tokens - 1)
-                        req.ready_ns = now + t
-                        req.kv_transfer_ns = t
-                        transfers_ns.append(t)
-                        transfer_bytes += nbytes
-                        seq += 1
-                        heapq.heappush(in_flight, (req.ready_ns, seq, idx, None))
-                    inst.scheduler.admitted_transfers.clear()
-                if batch is None:
-                    if (inst.scheduler.waiting and not inst.scheduler.running
-                            and inflight_count[idx] == 0):
+                payload = []
+                for idx in members:
+                    inst = self.instances[idx]
+                    batch = inst.scheduler.schedule(now)
+                    if inst.scheduler.admitted_transfers:
+                        for req in inst.scheduler.admitted_transfers:
+                            src = self.instances[req.prefill_instance]
+                            t, nbytes = kv_transfer_ns(self.cluster, src, inst,
+                                                       req.num_tokens - 1)
+                            req.ready_ns = now + t
+                            req.kv_transfer_ns = t
+                            transfers_ns.append(t)
+                            transfer_bytes += nbytes
+                            seq += 1
+                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], None))
+                        inst.scheduler.admitted_transfers.clear()
+                    if batch is not None:
+                        payload.append((idx, batch))
+                    elif (inst.scheduler.waiting and not inst.scheduler.running
+                          and inflight_count[unit] == 0):
                         head = inst.scheduler.waiting[0]
                         raise InputError(
                             f"request {head.rid} needs {head.num_tokens} tokens of KV but instance "
                             f"{inst.instance_id} holds at most "
                             f"{(inst.num_kv_blocks - 1) * inst.opts.block_size}")
+                if not payload:
                     continue
-                dur = backend.iteration_ns(inst, batch.shape)
-                if batch.tier_load_bytes:
-                    # Lower-tier prefix hits are loaded before the step computes on them.
-                    dur += inst.lower_tier.load_ns(batch.tier_load_bytes)
+                lead = self.instances[members[0]]
+                if lead.model.is_moe and lead.config.ep_size > 1:
+                    by_idx = dict(payload)
+                    shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
+                    dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
+                else:
+                    dur = backend.iteration_ns(lead, payload[0][1].shape)
+                for idx, batch in payload:
+                    if batch.tier_load_bytes:
+                        # Lower-tier prefix hits are loaded before the step computes on them.
+                        dur += self.instances[idx].lower_tier.load_ns(batch.tier_load_bytes)
                 dur = max(1, dur)
-                inflight_count[idx] += 1
+                inflight_count[unit] += 1
                 seq += 1
-                heapq.heappush(in_flight, (now + dur, seq, idx, batch))
-                if depth[idx] > 1:
+                heapq.heappush(in_flight, (now + dur, seq, unit, payload))
+                if depth[unit] > 1:
                     # Equal stages: the next batch may enter stage 0 after one stage time.
-                    free_at[idx] = now + max(1, dur // depth[idx])
+                    free_at[unit] = now + max(1, dur // depth[unit])
                     seq += 1
-                    heapq.heappush(in_flight, (free_at[idx], seq, idx, None))
+                    heapq.heappush(in_flight, (free_at[unit], seq, unit, None))
         if progress is not None:
             progress.close()
         wall = time.perf_counter() - wall0
@@ -404,6 +476,41 @@ class Simulator:
                 extrap[k] = extrap.get(k, 0) + v
         summary["latency_extrapolations"] = extrap
         return RunResult(all_reqs, summary, series)
+
+    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
+                     gate) -> int:
+        """One lockstep step of an expert-parallel domain (a DP group, or one instance with
+        ep > 1): every member computes its own non-MoE layers; at each MoE layer the group's
+        tokens are dispatched to the EP ranks owning their experts (all-to-all), each rank
+        runs its experts (moe.csv at its token count and activated experts), and results
+        are combined (all-to-all). The step takes the slowest member's non-MoE time plus,
+        per layer, the slowest rank's MoE time and two all-to-alls."""
+        model = members[0].model
+        ep = members[0].config.ep_size
+        k = model.num_experts_per_tok
+        layers = model.num_hidden_layers
+        non_moe = 0
+        total_tokens = 0
+        max_tokens = 0
+        for inst, shape in zip(members, shapes):
+            prov = inst.provider
+            full = self.backend.iteration_ns(inst, shape)
+            local_moe = prov.moe_ns(shape.num_tokens,
+                                    prov.expected_active_experts(shape.num_tokens))
+            non_moe = max(non_moe, full - layers * local_moe)
+            total_tokens += shape.num_tokens
+            max_tokens = max(max_tokens, shape.num_tokens)
+        prov = members[0].provider
+        moe = 0
+        for assignments, active in gate.assign(total_tokens, model.num_experts, k, ep):
+            if assignments:
+                moe = max(moe, prov.moe_ns(-(-assignments // k), active))
+        # All-to-all: each member sends the (ep-1)/ep of its tokens' top-k activations that
+        # live on other ranks, in parallel over its own link.
+        bw, lat = _link(self.cluster, members[0].config, members[-1].config)
+        a2a_bytes = max_tokens * k * model.hidden_size * model.dtype_bytes * (ep - 1) / ep
+        a2a = int(lat + a2a_bytes / (bw * (1 << 30) / 1e9)) if ep > 1 else 0
+        return int(non_moe + layers * (moe + 2 * a2a))
 
     def describe(self) -> dict:
         kinds = sorted({i.provider.kind for i in self.instances})

@@ -114,15 +114,16 @@ class ModelSpec:
     def weight_bytes(self, tp: int = 1, pp: int = 1, ep: int = 1) -> int:
         """Weight bytes held by one NPU of a (tp, pp, ep) instance.
 
-        Attention and dense MLP weights shard over tp; experts shard over ep (and tp
-        within an expert); the embedding and lm_head shard over tp and live on the first
+        Attention and dense MLP weights shard over tp; experts shard over the ep ranks
+        (or over tp when ep is 1); the embedding and lm_head shard over tp and live on the first
         and last pipeline stage. Norms are replicated (negligible).
         """
         h = self.hidden_size
         layers_per_stage = -(-self.num_hidden_layers // pp)
         attn = self.attention_params() / tp
         if self.is_moe:
-            experts = self.num_experts * 3 * h * self.moe_intermediate_size / (ep * tp)
+            # Experts shard over the EP ranks (whole experts), or over tp when ep is 1.
+            experts = self.num_experts * 3 * h * self.moe_intermediate_size / max(ep, tp)
             mlp = experts + h * self.num_experts
         else:
             mlp = self.mlp_params() / tp

@@ -29,6 +29,8 @@ class SimOptions:
     #: all instances of a node share one lower-tier pool
     enable_prefix_sharing: bool = False
     routing_policy: str = "LOAD"
+    #: MoE expert-gate policy (BALANCED, RR, RAND or a registered one)
+    expert_routing_policy: str = "RAND"
     #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
     pd_decode_policy: str = "LOAD"
     seed: int = 0
