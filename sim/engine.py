@@ -115,15 +115,6 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                                  f"{model.num_experts} experts of {model.name}")
         if inst.dp_group is not None:
             groups.setdefault(str(inst.dp_group), []).append(inst)
-    for inst in cluster.instances:
-        if inst.ep_size > 1:
-            domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
-            npus = sum(m.num_npus for m in domain)
-            if npus % inst.ep_size:
-                raise InputError(
-                    f"{cluster.source}: instance {inst.instance_id}: its expert-parallel domain "
-                    f"(the instance, or its dp_group) has {npus} NPU(s), not a multiple of "
-                    f"ep_size={inst.ep_size}")
     for name, members in groups.items():
         first = members[0]
         for m in members[1:]:
@@ -133,6 +124,15 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                         f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
                         f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
                         f"{getattr(first, field)!r}; members of a DP group must match")
+    for inst in cluster.instances:
+        if inst.ep_size > 1:
+            domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
+            npus = sum(m.num_npus for m in domain)
+            if npus % inst.ep_size:
+                raise InputError(
+                    f"{cluster.source}: instance {inst.instance_id}: its expert-parallel domain "
+                    f"(the instance, or its dp_group) has {npus} NPU(s), not a multiple of "
+                    f"ep_size={inst.ep_size}")
     roles = [i.pd_type for i in cluster.instances]
     if any(roles):
         if not all(roles):
