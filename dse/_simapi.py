@@ -113,6 +113,8 @@ class HardwareInfo:
     link_latency_ns: float | None
     price_per_hour: float | None
     has_pim: bool
+    power_idle_W: float | None = None
+    power_tdp_W: float | None = None
 
 
 def _first(obj: Any, *names: str):
@@ -147,7 +149,8 @@ def hardware_info(name: str, source: str | None = None) -> HardwareInfo:
         link_latency_ns=_f(_first(spec, "link_latency_ns", "link_latency")),
         price_per_hour=_f(_first(spec, "price_per_hour_usd", "price_per_hour",
                                  "price_per_device_hour")),
-        has_pim=bool(pim))
+        has_pim=bool(pim),
+        power_idle_W=_f(_first(spec, "power_idle_W")), power_tdp_W=_f(_first(spec, "power_tdp_W")))
 
 
 def _f(v) -> float | None:

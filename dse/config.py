@@ -77,7 +77,7 @@ def build_cluster(space: Space, params: dict) -> dict:
             cpu["pim_config"] = getattr(info, "pim_config", None) or "DDR4_8GB_3200_pim"
         node: dict[str, Any] = {"num_instances": len(insts), "cpu_mem": cpu, "instances": insts}
         if params.get("_power") or any(o.name == "energy_per_token" for o in space.objectives):
-            node["power"] = {"base_node_power": 0, "npu": {hw: {}}}
+            node["power"] = cd.get("power") or default_power_block(hw, info)
         nodes.append(node)
     out = {
         "num_nodes": len(nodes),
@@ -91,6 +91,23 @@ def build_cluster(space: Space, params: dict) -> dict:
         out["cxl_mem"] = cd.get("cxl_mem") or {"mem_size": 512, "mem_bw": 64, "mem_latency": 250,
                                                "num_devices": 1}
     return out
+
+
+def default_power_block(hw: str, info) -> dict:
+    """A node power block (LLMServingSim's schema) from the hardware catalogue: the NPU idles
+    at its idle power, runs at its TDP, and stays at the midpoint for 18 ms after a step.
+    The host components use typical server figures; a space can give its own under
+    cluster.power."""
+    idle = info.power_idle_W if info.power_idle_W is not None else 50.0
+    tdp = info.power_tdp_W if info.power_tdp_W is not None else 400.0
+    return {"base_node_power": 60,
+            "npu": {hw: {"idle_power": idle, "active_power": tdp,
+                         "standby_power": (idle + tdp) / 2, "standby_duration": 18}},
+            "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
+            "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
+            "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
+            "nic": {"num_nics": 1, "idle_power": 20},
+            "storage": {"num_devices": 2, "idle_power": 5}}
 
 
 def sim_options(space: Space, params: dict) -> dict:

@@ -219,7 +219,4 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
         if node.pim_config:
             problems.append(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config (PIM "
                             "devices) is not modelled yet")
-        if node.power:
-            problems.append(f"{cluster.source}: nodes[{node.node_id}].power (power model) is not "
-                            "modelled yet")
     return problems

@@ -22,6 +22,7 @@ from sim.latency.base import LATENCY_PROVIDERS, BatchShape
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
 from sim.options import SimOptions
+from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Batch, Scheduler
@@ -102,6 +103,7 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o = opts.for_instance(inst.overrides)
         o.validate()
         kv_capacity_blocks(inst, model, o.block_size)
+    PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     groups: dict[str, list[InstanceConfig]] = {}
     for inst in cluster.instances:
         model = load_model(inst.model_name)
@@ -280,6 +282,7 @@ class Simulator:
             bw = bw[0] if isinstance(bw, list) else bw
             backend = AnalyticalBackend(float(bw), float(lat))
         self.backend = backend
+        PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
         wall0 = time.perf_counter()
@@ -313,6 +316,8 @@ class Simulator:
                                                 source="pd_decode_policy") if pd else None
         transfers_ns: list[int] = []
         transfer_bytes = 0
+        power = PowerModel(self.cluster, opts.timeseries_interval_ns)
+        steps: dict[int, list[tuple[int, int, int, int]]] = {}
         backend = self.backend
         series = TimeSeries(opts.timeseries_interval_ns)
         itl: list[int] = []
@@ -418,6 +423,8 @@ class Simulator:
                             req.kv_transfer_ns = t
                             transfers_ns.append(t)
                             transfer_bytes += nbytes
+                            if power.enabled:
+                                power.add_link_bytes(src.config.node_id, now, nbytes)
                             seq += 1
                             heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], None))
                         inst.scheduler.admitted_transfers.clear()
@@ -444,6 +451,14 @@ class Simulator:
                         # Lower-tier prefix hits are loaded before the step computes on them.
                         dur += self.instances[idx].lower_tier.load_ns(batch.tier_load_bytes)
                 dur = max(1, dur)
+                if power.enabled:
+                    by_idx = dict(payload)
+                    for i in members:
+                        shape = by_idx[i].shape if i in by_idx else DUMMY_SHAPE
+                        inst_i = self.instances[i]
+                        steps.setdefault(inst_i.instance_id, []).append(
+                            (now, now + dur, iteration_memory_bytes(inst_i, shape),
+                             iteration_link_bytes(inst_i, shape)))
                 inflight_count[unit] += 1
                 seq += 1
                 heapq.heappush(in_flight, (now + dur, seq, unit, payload))
@@ -467,6 +482,13 @@ class Simulator:
         summary["prefix_hit_ratio_npu"] = (summary["prefix_hit_tokens"] - lower) / queried if queried else 0.0
         summary["prefix_hit_ratio_lower_tier"] = lower / queried if queried else 0.0
         summary["prefix_storage"] = self.opts.prefix_storage
+        if power.enabled:
+            energy = power.finalize(self.instances, steps, now)
+            gen = sum(r.num_output for r in all_reqs)
+            summary.update(energy)
+            summary["energy_per_output_token_j"] = energy["energy_j"] / gen if gen else None
+            summary["avg_power_w"] = energy["energy_j"] / (now / 1e9) if now else None
+            series.power = power.power_series()
         summary["kv_transfers"] = len(transfers_ns)
         summary["kv_transfer_bytes"] = transfer_bytes
         summary["kv_transfer_ms"] = stats_ms(transfers_ns) if transfers_ns else None
@@ -522,6 +544,7 @@ class Simulator:
             "num_npus": sum(i.config.num_npus for i in self.instances),
             "kv_blocks": {str(i.instance_id): i.num_kv_blocks for i in self.instances},
             "energy_j": None,
+            "power_modelled": bool(self.cluster.nodes and all(n.power for n in self.cluster.nodes)),
         }
 
     def close(self) -> None:

@@ -43,6 +43,8 @@ class TimeSeries:
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     kv: list[float] = field(default_factory=list)
+    #: power columns (W per bucket) when the cluster models power
+    power: dict[str, list[float]] = field(default_factory=dict)
 
     def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
         b = t_ns // self.interval_ns
@@ -60,13 +62,22 @@ class TimeSeries:
 
     def table(self) -> pd.DataFrame:
         sec = self.interval_ns / 1e9
-        n = len(self.prompt)
-        return pd.DataFrame({
+        n = max([len(self.prompt)] + [len(v) for v in self.power.values()])
+
+        def pad(v, fill):
+            return list(v) + [fill] * (n - len(v))
+
+        cols = {
             "t_s": [(i + 1) * sec for i in range(n)],
-            "prompt_tps": [p / sec for p in self.prompt],
-            "gen_tps": [g / sec for g in self.gen],
-            "running": self.running, "waiting": self.waiting, "kv_usage": self.kv,
-        }, columns=list(TIMESERIES_COLUMNS))
+            "prompt_tps": pad([p / sec for p in self.prompt], 0.0),
+            "gen_tps": pad([g / sec for g in self.gen], 0.0),
+            "running": pad(self.running, self.running[-1] if self.running else 0),
+            "waiting": pad(self.waiting, self.waiting[-1] if self.waiting else 0),
+            "kv_usage": pad(self.kv, self.kv[-1] if self.kv else 0.0),
+        }
+        for name, values in self.power.items():
+            cols[name] = pad(values, 0.0)
+        return pd.DataFrame(cols)
 
 
 @dataclass

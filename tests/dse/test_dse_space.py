@@ -40,8 +40,6 @@ BAD_CASES = [
     ({"knobs": {"ep": [1, 2]}}, ["knobs.ep", "MoE", "dense"]),
     ({"knobs": {"pd_ratio": ["1:1"]}}, ["knobs.pd_ratio", "pd"]),
     ({"knobs": {"pd": [False, True], "pd_ratio": ["1-1"]}}, ["knobs.pd_ratio", "P:D"]),
-    ({"objectives": ["throughput_per_device", "energy_per_token"]},
-     ["energy_per_token", "not modelled yet"]),
     ({"knobs": {"pim_mode": ["off", "attention"]}}, ["knobs.pim_mode", "no PIM"]),
     ({"budget": {"devices_per_node": 4}}, ["budget.total_devices", "required"]),
     ({"workload": {"generate": {"arrival": "uniform"}}},
