@@ -71,7 +71,8 @@ def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int) 
     return blocks
 
 
-def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions):
+def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
+                      where: str = "<cluster>"):
     _import_providers()
     if kind == "auto":
         from sim.latency.measured import find_bundle
@@ -82,11 +83,17 @@ def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: S
             kind = "roofline"
         else:
             kind = "measured"  # raises the "no bundle" error with the searched folders
-    return LATENCY_PROVIDERS.create(kind, model, inst.hardware, inst.tp_size,
-                                    profiles_dirs=opts.profiles_dirs,
-                                    max_tokens=max(opts.max_num_batched_tokens, 16384),
-                                    max_seqs=max(opts.max_num_seqs, 1024),
-                                    source="--latency-provider")
+    try:
+        return LATENCY_PROVIDERS.create(kind, model, inst.hardware, inst.tp_size,
+                                        profiles_dirs=opts.profiles_dirs,
+                                        max_tokens=max(opts.max_num_batched_tokens, 16384),
+                                        max_seqs=max(opts.max_num_seqs, 1024),
+                                        source="--latency-provider")
+    except InputError as exc:
+        if kind not in LATENCY_PROVIDERS:
+            raise
+        raise InputError(f"instance {inst.instance_id} (hardware={inst.hardware!r}, "
+                         f"{kind} latency): {exc}", source=where) from None
 
 
 def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
@@ -170,7 +177,7 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
         o = opts.for_instance(inst.overrides)
         blocks = kv_capacity_blocks(inst, model, o.block_size)
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
-        provider = _resolve_provider(o.latency_provider, inst, model, o)
+        provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv)))
     return out
@@ -433,6 +440,14 @@ class Simulator:
                     elif (inst.scheduler.waiting and not inst.scheduler.running
                           and inflight_count[unit] == 0):
                         head = inst.scheduler.waiting[0]
+                        o = inst.opts
+                        if (not o.enable_chunked_prefill
+                                and head.num_tokens > o.max_num_batched_tokens):
+                            raise InputError(
+                                f"request {head.rid} has a {head.num_tokens}-token prompt but "
+                                f"max_num_batched_tokens={o.max_num_batched_tokens} and chunked "
+                                "prefill is off; raise max_num_batched_tokens or enable chunked "
+                                "prefill")
                         raise InputError(
                             f"request {head.rid} needs {head.num_tokens} tokens of KV but instance "
                             f"{inst.instance_id} holds at most "

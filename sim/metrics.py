@@ -119,7 +119,9 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
               preemptions: int, hit_tokens: int, queried_tokens: int) -> dict:
     done = [r for r in requests if r.finish_ns >= 0]
     ttft = [r.first_token_ns - r.arrival_ns for r in done]
-    tpot = [(r.last_token_ns - r.first_token_ns) / max(1, r.num_output - 1) for r in done]
+    # TPOT is undefined for single-token outputs; they are left out (as vLLM's benchmark does).
+    tpot = [(r.last_token_ns - r.first_token_ns) / (r.num_output - 1) for r in done
+            if r.num_output > 1]
     lat = [r.last_token_ns - r.arrival_ns for r in done]
     start = min((r.arrival_ns for r in requests), default=0)
     span_s = max(1e-9, (sim_end_ns - start) / 1e9)
