@@ -41,6 +41,14 @@ def _add_run(sub) -> None:
                    help="keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)")
     p.add_argument("--enable-prefix-sharing", action="store_true",
                    help="all instances of a node share the lower-tier prefix pool")
+    p.add_argument("--enable-attn-offloading", action="store_true",
+                   help="run decode attention on the node's PIM devices (cpu_mem.pim_config)")
+    p.add_argument("--pim-mode", default="local", choices=["local", "pool"])
+    p.add_argument("--enable-sub-batch-interleaving", action="store_true",
+                   help="NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
+    p.add_argument("--expert-routing-policy", default="RAND",
+                   help="MoE gate policy: BALANCED, RR, RAND or a registered one")
+    p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
     p.add_argument("--request-routing-policy", default="LOAD")
     p.add_argument("--latency-provider", default="auto",
                    help="auto (measured where a bundle exists, else roofline), measured, "
@@ -67,6 +75,9 @@ def _run(args) -> int:
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
         prefix_storage=args.prefix_storage, enable_prefix_sharing=args.enable_prefix_sharing,
+        enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
+        enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,
+        expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
         routing_policy=args.request_routing_policy, seed=args.seed,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,

@@ -215,8 +215,4 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
                             "modelled yet")
         if inst.kv_cache_dtype not in (None, "auto"):
             problems.append(f"{where}: kv_cache_dtype={inst.kv_cache_dtype!r} is not modelled yet")
-    for node in cluster.nodes:
-        if node.pim_config:
-            problems.append(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config (PIM "
-                            "devices) is not modelled yet")
     return problems

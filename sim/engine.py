@@ -41,6 +41,7 @@ class InstanceRuntime:
     provider: object
     scheduler: Scheduler
     lower_tier: PrefixTier | None = None
+    pim: object | None = None
 
 
 def _import_providers() -> None:
@@ -111,6 +112,24 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o.validate()
         kv_capacity_blocks(inst, model, o.block_size)
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
+    if opts.enable_attn_offloading:
+        for node in cluster.nodes:
+            if not node.pim_config:
+                raise InputError(f"{cluster.source}: --enable-attn-offloading needs PIM devices: "
+                                 f"nodes[{node.node_id}].cpu_mem has no pim_config")
+            from sim.pim import load_pim
+            dev = load_pim(str(node.pim_config),
+                           source=f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config")
+            if node.cpu_mem.mem_size_gib < dev.capacity_GiB:
+                raise InputError(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.mem_size="
+                                 f"{node.cpu_mem.mem_size_gib} GiB holds no whole {dev.name} "
+                                 f"device ({dev.capacity_GiB} GiB)")
+    if opts.enable_sub_batch_interleaving:
+        for inst in cluster.instances:
+            if inst.pp_size > 1:
+                raise InputError(f"{cluster.source}: instance {inst.instance_id}: sub-batch "
+                                 f"interleaving is not supported with pp_size={inst.pp_size} > 1 "
+                                 "(as in NeuPIMs)")
     groups: dict[str, list[InstanceConfig]] = {}
     for inst in cluster.instances:
         model = load_model(inst.model_name)
@@ -176,12 +195,54 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
         model = load_model(inst.model_name)
         o = opts.for_instance(inst.overrides)
         blocks = kv_capacity_blocks(inst, model, o.block_size)
+        pim = None
+        if o.enable_attn_offloading:
+            pim = _build_pim(cluster, inst, model, o)
+            # The KV cache lives in the PIM devices: the instance's share of them.
+            blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
-                                   blocks, provider, Scheduler(inst.instance_id, o, kv)))
+                                   blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim))
     return out
 
+
+def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, opts: SimOptions):
+    from sim.pim import PimAttention, load_pim
+
+    node = cluster.nodes[inst.node_id]
+    dev = load_pim(str(node.pim_config))
+    devices = int(node.cpu_mem.mem_size_gib // dev.capacity_GiB) // len(node.instances)
+    if devices < 1:
+        raise InputError(f"{cluster.source}: nodes[{node.node_id}] has too few {dev.name} PIM "
+                         f"devices to give instance {inst.instance_id} one")
+    if opts.pim_mode == "local":
+        bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+    else:
+        bw, lat = _link(cluster, inst, inst)
+    return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
+
+
+def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interleave: bool) -> int:
+    """An iteration with decode attention on PIM. The NPU runs every dense layer and the
+    prefill attention; PIM runs the decode attention (plus moving q in and the output out).
+    Without interleaving the two alternate every layer. With sub-batch interleaving the batch
+    splits into two halves whose NPU work and PIM attention overlap, so a layer costs about
+    twice the larger of the halves' NPU and PIM times."""
+    layers = inst.model.num_hidden_layers
+    npu_shape = BatchShape(shape.num_tokens, shape.num_seqs, shape.prefill_tokens,
+                           shape.prefill_kv, 0, 0, 0, 0)
+    if not interleave or shape.num_decode < 2:
+        npu = backend.iteration_ns(inst, npu_shape)
+        pim = inst.pim.layer_ns(shape.num_decode, shape.decode_kv_sum, shape.decode_kv_max)
+        return int(npu + layers * pim)
+    half = BatchShape(max(1, shape.num_tokens // 2), max(1, shape.num_seqs // 2),
+                      shape.prefill_tokens // 2, shape.prefill_kv // 2, 0, 0, 0, 0)
+    npu_half = backend.iteration_ns(inst, half)
+    pim_half = inst.pim.layer_ns(shape.num_decode // 2, shape.decode_kv_sum // 2,
+                                 shape.decode_kv_max)
+    per_layer_npu = npu_half / layers
+    return int(2 * max(npu_half, layers * pim_half) + min(per_layer_npu, pim_half))
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
     """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
@@ -459,6 +520,9 @@ class Simulator:
                     by_idx = dict(payload)
                     shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
                     dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
+                elif lead.pim is not None:
+                    dur = pim_iteration_ns(backend, lead, payload[0][1].shape,
+                                           lead.opts.enable_sub_batch_interleaving)
                 else:
                     dur = backend.iteration_ns(lead, payload[0][1].shape)
                 for idx, batch in payload:

@@ -29,6 +29,13 @@ class SimOptions:
     #: all instances of a node share one lower-tier pool
     enable_prefix_sharing: bool = False
     routing_policy: str = "LOAD"
+    #: run decode attention on the node's PIM devices (cpu_mem.pim_config)
+    enable_attn_offloading: bool = False
+    #: "local": PIM in the node's CPU memory (q/out over the memory bus); "pool": a PIM pool
+    #: reached over the cluster's links
+    pim_mode: str = "local"
+    #: NeuPIMs sub-batch interleaving: two sub-batches overlap NPU work and PIM attention
+    enable_sub_batch_interleaving: bool = False
     #: MoE expert-gate policy (BALANCED, RR, RAND or a registered one)
     expert_routing_policy: str = "RAND"
     #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
@@ -68,6 +75,11 @@ class SimOptions:
             raise InputError(f"prefix_storage must be CPU or CXL, got {self.prefix_storage!r}")
         if self.enable_prefix_sharing and self.prefix_storage is None:
             raise InputError("enable_prefix_sharing needs a prefix_storage tier (CPU or CXL)")
+        if self.pim_mode not in ("local", "pool"):
+            raise InputError(f"pim_mode must be local or pool, got {self.pim_mode!r}")
+        if self.enable_sub_batch_interleaving and not self.enable_attn_offloading:
+            raise InputError("sub-batch interleaving overlaps NPU work with PIM attention: it "
+                             "needs --enable-attn-offloading")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
 

@@ -1,0 +1,206 @@
+"""Processing-in-memory devices and attention offloading.
+
+A PIM device is described by a DRAMSim3-style .ini file (sections dram_structure, timing,
+system). Every bank of every chip has a processing unit next to its row buffer, so a
+memory-bound GEMV streams from all banks at once. From the .ini follow:
+
+- chips per rank = bus_width / device_width; banks per chip = bankgroups * banks_per_group;
+- one burst per bank moves device_width * BL / 8 bytes and a bank can issue one burst
+  every tCCD_L cycles of tCK ns, so
+  internal bandwidth = channels * ranks * chips * banks * (device_width * BL / 8) / (tCCD_L * tCK)
+  bytes per ns, against the external bus's data_rate * bus_width / 8;
+- a bank's row holds columns * device_width / 8 bytes; reading a fresh row costs
+  (tRCD + tRP) cycles of activation and precharge;
+- capacity = channels * channel_size (MB).
+
+Decode attention for one layer reads every decode request's K and V (score = q K^T and
+attend = p V are both GEMVs over the KV): kv_len * 2 * kv_heads * head_dim * dtype bytes.
+A request's KV heads are spread over up to ``kv_heads`` channels and requests over all
+channels, so the layer takes the larger of the batch's KV over all channels and the
+longest request's KV over its channels, plus one row activation per row of that data.
+"""
+
+from __future__ import annotations
+
+import configparser
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.errors import InputError, unknown_name
+from sim.paths import profiles_root, shared_data_root
+
+_REQUIRED = {
+    "dram_structure": ("bankgroups", "banks_per_group", "columns", "device_width", "BL"),
+    "timing": ("tCK", "tRP"),
+    "system": ("channel_size", "channels", "bus_width"),
+}
+
+
+@dataclass(frozen=True)
+class PimDevice:
+    name: str
+    protocol: str
+    channels: int
+    ranks: int
+    bankgroups: int
+    banks_per_group: int
+    columns: int
+    device_width: int
+    burst_length: int
+    bus_width: int
+    tCK_ns: float
+    tCCD_L: int
+    tRCD: int
+    tRP: int
+    channel_size_MB: int
+    data_rate_MTps: float | None
+
+    @property
+    def chips_per_rank(self) -> int:
+        return max(1, self.bus_width // self.device_width)
+
+    @property
+    def banks_per_chip(self) -> int:
+        return self.bankgroups * self.banks_per_group
+
+    @property
+    def burst_bytes(self) -> float:
+        return self.device_width * self.burst_length / 8
+
+    @property
+    def channel_bw_bytes_per_ns(self) -> float:
+        """Internal bandwidth of one channel: every bank of every chip streaming bursts."""
+        banks = self.ranks * self.chips_per_rank * self.banks_per_chip
+        return banks * self.burst_bytes / (self.tCCD_L * self.tCK_ns)
+
+    @property
+    def internal_bw_GBps(self) -> float:
+        return self.channels * self.channel_bw_bytes_per_ns  # bytes/ns == GB/s
+
+    @property
+    def external_bw_GBps(self) -> float | None:
+        if self.data_rate_MTps is None:
+            return None
+        return self.channels * self.data_rate_MTps * 1e6 * self.bus_width / 8 / 1e9
+
+    @property
+    def capacity_GiB(self) -> float:
+        return self.channels * self.channel_size_MB / 1024
+
+    @property
+    def row_bytes_per_channel(self) -> float:
+        """Bytes one row activation exposes across every bank of a channel."""
+        return (self.columns * self.device_width / 8) * self.ranks * self.chips_per_rank * \
+            self.banks_per_chip
+
+    @property
+    def row_cycle_ns(self) -> float:
+        return (self.tRCD + self.tRP) * self.tCK_ns
+
+    def stream_ns(self, num_bytes: float, channels: int) -> float:
+        """Time to stream ``num_bytes`` through the PUs of ``channels`` channels."""
+        if num_bytes <= 0:
+            return 0.0
+        rows = math.ceil(num_bytes / (channels * self.row_bytes_per_channel))
+        return rows * self.row_cycle_ns + num_bytes / (channels * self.channel_bw_bytes_per_ns)
+
+
+def parse_pim_ini(path: str | Path) -> PimDevice:
+    path = Path(path)
+    cp = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
+    try:
+        with path.open() as fh:
+            cp.read_file(fh)
+    except (OSError, configparser.Error) as exc:
+        raise InputError(f"malformed PIM config: {exc}", source=str(path)) from None
+    for section, keys in _REQUIRED.items():
+        if not cp.has_section(section):
+            raise InputError(f"missing section [{section}]", source=str(path))
+        for k in keys:
+            if not cp.has_option(section, k):
+                raise InputError(f"[{section}] is missing {k!r}", source=str(path))
+
+    def num(section, key, default=None, kind=float):
+        if not cp.has_option(section, key):
+            if default is None:
+                raise InputError(f"[{section}] is missing {key!r}", source=str(path))
+            return default
+        raw = cp.get(section, key).strip()
+        try:
+            v = kind(float(raw))
+        except ValueError:
+            raise InputError(f"[{section}] {key} must be a number, got {raw!r}",
+                             source=str(path)) from None
+        if v <= 0 and key not in ("AL",):
+            raise InputError(f"[{section}] {key} must be > 0, got {raw}", source=str(path))
+        return v
+
+    t = "timing"
+    return PimDevice(
+        name=path.stem, protocol=cp.get("dram_structure", "protocol", fallback="?").strip(),
+        channels=num("system", "channels", kind=int),
+        ranks=num("system", "ranks", 1, int),
+        bankgroups=num("dram_structure", "bankgroups", kind=int),
+        banks_per_group=num("dram_structure", "banks_per_group", kind=int),
+        columns=num("dram_structure", "columns", kind=int),
+        device_width=num("dram_structure", "device_width", kind=int),
+        burst_length=num("dram_structure", "BL", kind=int),
+        bus_width=num("system", "bus_width", kind=int),
+        tCK_ns=num(t, "tCK"),
+        tCCD_L=num(t, "tCCD_L", num(t, "tCCD_S", 4, int), int),
+        tRCD=num(t, "tRCD", num(t, "tRCDRD", 14, int), int),
+        tRP=num(t, "tRP", kind=int),
+        channel_size_MB=num("system", "channel_size", kind=int),
+        data_rate_MTps=num("other", "data_rate", 0.0) or None if cp.has_section("other") else None,
+    )
+
+
+def pim_search_dirs() -> list[Path]:
+    return [profiles_root() / "pim", shared_data_root() / "llmservingsim-configs" / "pim"]
+
+
+def load_pim(name_or_path: str, source: str | None = None) -> PimDevice:
+    """A PIM device by name (an .ini in profiles/pim/ or ../shared's pim folder) or path."""
+    p = Path(name_or_path)
+    if p.suffix == ".ini" and p.is_file():
+        return parse_pim_ini(p)
+    known = {}
+    for d in pim_search_dirs():
+        for f in sorted(d.glob("*.ini")):
+            known.setdefault(f.stem, f)
+    stem = p.stem if p.suffix == ".ini" else name_or_path
+    if stem not in known:
+        raise unknown_name("PIM config", name_or_path, known, source)
+    return parse_pim_ini(known[stem])
+
+
+class PimAttention:
+    """Decode attention of one instance offloaded to its node's PIM devices."""
+
+    def __init__(self, device: PimDevice, num_devices: int, model, tp: int,
+                 link_bw_GBps: float, link_latency_ns: float) -> None:
+        self.device = device
+        self.channels = max(1, device.channels * num_devices)
+        self.model = model
+        self.tp = tp
+        self.kv_bytes_per_token_layer = 2 * model.num_key_value_heads * model.head_dim * \
+            model.dtype_bytes
+        self.link_bytes_per_ns = link_bw_GBps * (1 << 30) / 1e9
+        self.link_latency_ns = link_latency_ns
+
+    @property
+    def capacity_GiB(self) -> float:
+        return self.device.capacity_GiB * self.channels / self.device.channels
+
+    def layer_ns(self, num_decode: int, kv_sum: int, kv_max: int) -> float:
+        """One layer's decode attention on PIM, plus moving q in and the output back."""
+        if num_decode == 0:
+            return 0.0
+        dev = self.device
+        total = kv_sum * self.kv_bytes_per_token_layer
+        longest = kv_max * self.kv_bytes_per_token_layer
+        per_req_channels = min(self.channels, self.model.num_key_value_heads)
+        pim = max(dev.stream_ns(total, self.channels), dev.stream_ns(longest, per_req_channels))
+        q_and_out = 2 * num_decode * self.model.q_size * self.model.dtype_bytes
+        return pim + self.link_latency_ns + q_and_out / self.link_bytes_per_ns
