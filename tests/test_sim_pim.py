@@ -55,11 +55,12 @@ def _cluster(pim="NeuPIMs-32GB-1TBps", pp=1, mem=256, link_latency=100):
 
 
 def test_offloading_helps_long_context_decode_and_not_short_prefill_heavy_batches():
-    # A PIM pool reached over links with 5 us latency: every layer pays the hop.
+    # A PIM pool reached over links with 20 us latency (the link_latency of LLMServingSim's
+    # PIM example cluster): every layer pays the hop.
     opts = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True,
                           pim_mode="pool")
-    inst = Simulator(_cluster(link_latency=5000), opts).instances[0]
-    backend = AnalyticalBackend(64, 5000)
+    inst = Simulator(_cluster(link_latency=20000), opts).instances[0]
+    backend = AnalyticalBackend(64, 20000)
 
     def gain(shape):
         return backend.iteration_ns(inst, shape) / pim_iteration_ns(backend, inst, shape, False)
