@@ -1,0 +1,3 @@
+from astrasim.cli import main
+
+raise SystemExit(main())

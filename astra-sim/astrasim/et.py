@@ -1,0 +1,163 @@
+"""Chakra .et file framing: varint-length-delimited messages, GlobalMetadata then Nodes.
+
+One file per NPU, named ``<prefix>.<npu_id>.et``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from astrasim import chakra
+from astrasim.graph import Graph
+
+
+class EtFormatError(ValueError):
+    """A truncated or garbled .et file (the message names the file)."""
+
+
+def et_path(prefix, npu_id: int) -> Path:
+    return Path(f"{os.fspath(prefix)}.{npu_id}.et")
+
+
+def encode_varint(n: int) -> bytes:
+    if n < 0:
+        raise ValueError("varint must be >= 0")
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def decode_varint(buf, pos: int) -> tuple[int, int]:
+    """(value, new position); raises IndexError past the end, ValueError when too long."""
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def encode_messages(messages) -> bytes:
+    parts = []
+    for m in messages:
+        data = m.SerializeToString()
+        parts.append(encode_varint(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def split_messages(data: bytes, source: str = "<bytes>") -> list[bytes]:
+    """The length-delimited message payloads of ``data``."""
+    out = []
+    pos, n = 0, len(data)
+    mv = memoryview(data)
+    while pos < n:
+        start = pos
+        try:
+            size, pos = decode_varint(data, pos)
+        except (IndexError, ValueError):
+            raise EtFormatError(f"{source}: garbled length prefix at byte {start}") from None
+        if pos + size > n:
+            raise EtFormatError(f"{source}: truncated message at byte {start} "
+                                f"(needs {size} bytes, {n - pos} left)")
+        out.append(mv[pos:pos + size].tobytes())
+        pos += size
+    return out
+
+
+def decode_graph(data: bytes, npu_id: int, source: str = "<bytes>") -> Graph:
+    payloads = split_messages(data, source)
+    if not payloads:
+        raise EtFormatError(f"{source}: empty trace (no GlobalMetadata message)")
+    try:
+        meta = chakra.GlobalMetadata.FromString(payloads[0])
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError (a plain Exception)
+        raise EtFormatError(f"{source}: GlobalMetadata does not parse: {e}") from None
+    nodes = []
+    for i, p in enumerate(payloads[1:]):
+        try:
+            nodes.append(chakra.Node.FromString(p))
+        except Exception as e:  # noqa: BLE001
+            raise EtFormatError(f"{source}: node message #{i} does not parse: {e}") from None
+    return Graph.from_protos(npu_id, meta, nodes)
+
+
+def encode_graph(graph: Graph) -> bytes:
+    return encode_messages([graph.metadata_proto(), *graph.node_protos()])
+
+
+def write_et(path, graph: Graph) -> Path:
+    p = Path(path)
+    p.write_bytes(encode_graph(graph))
+    return p
+
+
+def read_et(path, npu_id: int | None = None) -> Graph:
+    p = Path(path)
+    if npu_id is None:
+        try:
+            npu_id = int(p.name.rsplit(".", 2)[-2])
+        except (IndexError, ValueError):
+            npu_id = 0
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None
+    return decode_graph(data, npu_id, str(p))
+
+
+def write_workload(prefix, graphs) -> list[Path]:
+    """Write ``<prefix>.<npu>.et`` for each graph (a dict npu->Graph or list of Graphs)."""
+    items = graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
+    Path(os.fspath(prefix)).parent.mkdir(parents=True, exist_ok=True)
+    encoded: dict[int, tuple[Graph, bytes]] = {}  # graphs sharing a node list encode once
+    out = []
+    for npu, g in items:
+        hit = encoded.get(id(g.nodes))
+        if hit is not None and hit[0].version == g.version and hit[0].metadata == g.metadata:
+            data = hit[1]
+        else:
+            data = encode_graph(g)
+            encoded[id(g.nodes)] = (g, data)
+        p = et_path(prefix, npu)
+        p.write_bytes(data)
+        out.append(p)
+    return out
+
+
+def read_workload(prefix, npus, *, required: bool = True,
+                  cache: dict | None = None) -> dict[int, Graph]:
+    """Read the traces of ``npus`` under ``prefix``. Identical files are parsed once and
+    share their node list (which lets the engine take its SPMD fast path). ``cache``
+    (file bytes -> Graph, owned by the caller) extends that across calls."""
+    out: dict[int, Graph] = {}
+    seen: dict[bytes, Graph] = cache if cache is not None else {}
+    for npu in npus:
+        p = et_path(prefix, npu)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            if required:
+                raise EtFormatError(f"{p}: trace file not found") from None
+            continue
+        except OSError as e:
+            raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None
+        g = seen.get(data)
+        if g is None:
+            g = seen[data] = decode_graph(data, npu, str(p))
+            out[npu] = g
+        else:
+            out[npu] = g.copy_for(npu)
+    return out
