@@ -1,75 +1,215 @@
 """The system-backend boundary: time one iteration of one instance.
 
-The engine hands the backend an instance and the iteration's per-layer compute trace;
-the backend returns the iteration's duration in ns (= cycles). ``AnalyticalBackend``
-(in-process, the default) adds the tensor-parallel all-reduces to the compute time with
-the ring all-reduce cost of the instance's intra-node links. The ASTRA-Sim-compatible
-backends (in-process engine and subprocess) implement the same two methods.
+The engine hands the backend an instance and its batch shape; the backend asks the
+instance's latency provider for per-layer compute times, builds the iteration's execution
+graph (compute, TP all-reduces, PP send/recv, KV loads; see ``sim.graph_generator``) and
+returns the iteration's duration in ns (= cycles). Two implementations give identical
+cycles on the same input:
+
+- ``AstraInprocBackend`` (``--backend inproc``, the default): the astra-sim engine called as a
+  library, graphs passed as objects;
+- ``AstraSubprocessBackend`` (``--backend subprocess``): one long-lived ``astra-sim`` process
+  per instance network, graphs written as Chakra .et files and LLMServingSim's text
+  protocol. It can drive an upstream ASTRA-Sim binary given by path.
+
+Each instance gets its own network: dimension 0 is its TP group, dimension 1 (when pp > 1)
+its pipeline, with the cluster's intra-node link bandwidth and latency.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Protocol
 
+from astrasim import Engine, MemoryConfig, Network, SystemConfig, write_workload
+
+from sim.errors import InputError
+from sim.graph_generator import build_graphs, stage_transfer_graphs
 from sim.latency.base import BatchShape, LayerTimes
-from sim.model import TP_ALLREDUCE_AFTER
-
-
-class InstanceRuntime(Protocol):
-    instance_id: int
-    tp: int
-    pp: int
-    provider: object
-    model: object
 
 
 class SystemBackend(Protocol):
     name: str
 
-    def iteration_ns(self, inst: InstanceRuntime, shape: BatchShape) -> int: ...
+    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int: ...
 
     def close(self) -> None: ...
 
 
-def ring_allreduce_ns(size_bytes: float, n: int, bw_GBps: float, latency_ns: float) -> float:
-    """Ring all-reduce on n NPUs: 2(n-1) steps, each moving size/n bytes over one link."""
-    if n <= 1:
-        return 0.0
-    bytes_per_ns = bw_GBps * (1 << 30) / 1e9
-    step = latency_ns + (size_bytes / n) / bytes_per_ns
-    return 2 * (n - 1) * step
+def instance_network(inst, link_bw: float, link_latency: float) -> dict:
+    dims = [inst.tp] + ([inst.pp] if inst.pp > 1 else [])
+    return {"topology": ["Ring"] * len(dims), "npus_count": dims,
+            "bandwidth": [link_bw] * len(dims), "latency": [link_latency] * len(dims)}
 
 
-class AnalyticalBackend:
-    """Compute from the latency provider plus closed-form TP all-reduces."""
+SYSTEM = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
+          "preferred-dataset-splits": 1, "all-reduce-implementation": ["ring", "ring"],
+          "all-gather-implementation": ["ring", "ring"],
+          "reduce-scatter-implementation": ["ring", "ring"],
+          "all-to-all-implementation": ["direct", "direct"],
+          "collective-optimization": "localBWAware", "local-mem-bw": 1600}
 
+
+def _memory(inst) -> dict:
+    tier = getattr(inst, "lower_tier", None)
+    if tier is None:
+        return {"memory-type": "NO_MEMORY_EXPANSION"}
+    return {"memory-type": "NO_MEMORY_EXPANSION",
+            "local-mem-bw": tier.bytes_per_ns * 1e9 / (1 << 30),
+            "local-mem-latency": tier.latency_ns}
+
+
+def _system_for(network: dict) -> dict:
+    nd = len(network["npus_count"])
+    return {k: (v[:nd] if isinstance(v, list) else v) for k, v in SYSTEM.items()}
+
+
+def _act_bytes(inst, shape: BatchShape) -> int:
+    return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+
+
+def decomposed_iteration_ns(run, inst, lt: LayerTimes, act: int, load_bytes: int) -> int:
+    """An iteration from three small graphs instead of the whole one (layer-block reuse).
+
+    With one batch in flight every NPU's work is a dependency chain (stage by stage when
+    pipelined), so the iteration takes the sum of its parts: the graph of one decoder block
+    (simulated once, standing for all ``num_blocks``), the prologue/head/KV-load graph, and
+    one pipeline-stage transfer per stage boundary. ``run(graphs, name)`` simulates a
+    graph set and returns its cycles."""
+    ndims = 2 if inst.pp > 1 else 1
+    t_block = run(build_graphs(LayerTimes((), lt.block, (), 1), inst.tp, 1, act, ndims=ndims),
+                  "block")
+    t_ends = run(build_graphs(LayerTimes(lt.prologue, (), lt.head, 0), inst.tp, 1, act,
+                              load_bytes, ndims=ndims), "ends")
+    t_hop = run(stage_transfer_graphs(inst.tp, act), "hop") if inst.pp > 1 else 0
+    return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
+
+
+class AstraInprocBackend:
     name = "inproc"
 
     def __init__(self, link_bw_GBps: float, link_latency_ns: float) -> None:
         self.link_bw = link_bw_GBps
         self.link_latency = link_latency_ns
+        self._engines: dict[int, Engine] = {}
 
-    def iteration_ns(self, inst: InstanceRuntime, shape: BatchShape) -> int:
-        provider = inst.provider
-        if inst.tp == 1 and inst.pp == 1:
-            fast = getattr(provider, "iteration_ns", None)
-            if fast is not None:
-                return fast(shape)
-            return provider.layer_times(shape).total_ns()
-        lt: LayerTimes = provider.layer_times(shape)
-        total = lt.total_ns()
-        if inst.tp > 1:
-            act_bytes = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-            ar = ring_allreduce_ns(act_bytes, inst.tp, self.link_bw, self.link_latency)
-            per_block = sum(1 for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
-            total += math.ceil(ar) * per_block * lt.num_blocks
-        if inst.pp > 1:
-            # Activations cross pp-1 stage boundaries, one point-to-point send each.
-            act_bytes = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-            bytes_per_ns = self.link_bw * (1 << 30) / 1e9
-            total += (inst.pp - 1) * math.ceil(self.link_latency + act_bytes / bytes_per_ns)
-        return int(total)
+    def _engine(self, inst) -> Engine:
+        eng = self._engines.get(inst.instance_id)
+        if eng is None:
+            net = instance_network(inst, self.link_bw, self.link_latency)
+            eng = Engine(Network.from_dict(net), SystemConfig.from_dict(_system_for(net)),
+                         MemoryConfig.from_dict(_memory(inst)))
+            self._engines[inst.instance_id] = eng
+        return eng
+
+    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
+        lt = inst.provider.layer_times(shape)
+        if inst.tp == 1 and inst.pp == 1 and not load_bytes:
+            # One NPU, no communication: the graph is a single chain of compute.
+            return lt.total_ns()
+        engine = self._engine(inst)
+
+        def run(graphs, _name):
+            return max(r.cycles for r in engine.run(graphs).values())
+
+        return decomposed_iteration_ns(run, inst, lt, _act_bytes(inst, shape), load_bytes)
 
     def close(self) -> None:
-        pass
+        self._engines.clear()
+
+
+_FINISHED = re.compile(r"sys\[(\d+)\] iteration (\d+) finished, (\d+) cycles")
+
+
+class AstraSubprocessBackend:
+    """Drives long-lived ``astra-sim`` processes with the interactive text protocol."""
+
+    name = "subprocess"
+
+    def __init__(self, link_bw_GBps: float, link_latency_ns: float,
+                 binary: str | None = None) -> None:
+        self.link_bw = link_bw_GBps
+        self.link_latency = link_latency_ns
+        self.binary = binary
+        self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-"))
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._iteration = 0
+
+    def _command(self, folder: Path) -> list[str]:
+        args = [f"--network-configuration={folder / 'network.yml'}",
+                f"--system-configuration={folder / 'system.json'}",
+                f"--remote-memory-configuration={folder / 'memory.json'}"]
+        if self.binary:
+            if shutil.which(self.binary) is None and not Path(self.binary).is_file():
+                raise InputError(f"--astra-sim-bin {self.binary!r} is not an executable")
+            return [self.binary, *args]
+        return [sys.executable, "-m", "astrasim", *args, "--interactive"]
+
+    def _proc(self, inst) -> subprocess.Popen:
+        proc = self._procs.get(inst.instance_id)
+        if proc is not None and proc.poll() is None:
+            return proc
+        import json
+
+        import yaml
+
+        folder = self.workdir / f"instance{inst.instance_id}"
+        folder.mkdir(parents=True, exist_ok=True)
+        net = instance_network(inst, self.link_bw, self.link_latency)
+        (folder / "network.yml").write_text(yaml.safe_dump(net, default_flow_style=None))
+        (folder / "system.json").write_text(json.dumps(_system_for(net)))
+        (folder / "memory.json").write_text(json.dumps(_memory(inst)))
+        proc = subprocess.Popen(self._command(folder), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._read_until_waiting(proc)
+        self._procs[inst.instance_id] = proc
+        return proc
+
+    @staticmethod
+    def _read_until_waiting(proc) -> list[int]:
+        cycles = []
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                err = proc.stderr.read().strip()
+                raise RuntimeError(f"astra-sim exited unexpectedly: {err or 'no message'}")
+            m = _FINISHED.search(line)
+            if m:
+                cycles.append(int(m.group(3)))
+            if "Waiting" in line:
+                return cycles
+
+    def _run(self, inst, graphs, name: str) -> int:
+        proc = self._proc(inst)
+        prefix = self.workdir / f"instance{inst.instance_id}" / name
+        write_workload(prefix, graphs)
+        proc.stdin.write(f"{prefix}\n")
+        proc.stdin.flush()
+        cycles = self._read_until_waiting(proc)
+        if not cycles:
+            raise RuntimeError("astra-sim reported no finished NPU for the iteration")
+        return max(cycles)
+
+    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
+        lt = inst.provider.layer_times(shape)
+        return decomposed_iteration_ns(lambda graphs, name: self._run(inst, graphs, name), inst,
+                                       lt, _act_bytes(inst, shape), load_bytes)
+
+    def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.stdin.write("exit\n")
+                    proc.stdin.flush()
+                    proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    proc.kill()
+        self._procs.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)

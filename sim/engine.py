@@ -13,7 +13,7 @@ import heapq
 import time
 from dataclasses import dataclass
 
-from sim.backend import AnalyticalBackend, SystemBackend
+from sim.backend import AstraInprocBackend, AstraSubprocessBackend, SystemBackend
 from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.kv_cache import KVCacheManager, PrefixTier
@@ -313,6 +313,12 @@ def _scheduling_units(instances: list[InstanceRuntime]) -> list[list[int]]:
     return units
 
 
+def _tier_loads_ns(instances, payload) -> int:
+    """Time to load lower-tier prefix hits for steps whose graph is not built per node."""
+    return sum(instances[idx].lower_tier.load_ns(b.tier_load_bytes)
+               for idx, b in payload if b.tier_load_bytes)
+
+
 #: the dummy step an idle DP-group member runs so that it joins the collectives (vLLM)
 DUMMY_SHAPE = BatchShape(num_tokens=1, num_seqs=1, prefill_tokens=1)
 
@@ -348,7 +354,10 @@ class Simulator:
             lat = lat[0] if isinstance(lat, list) else lat
             bw = cluster.link_bw_GBps
             bw = bw[0] if isinstance(bw, list) else bw
-            backend = AnalyticalBackend(float(bw), float(lat))
+            if opts.backend == "subprocess":
+                backend = AstraSubprocessBackend(float(bw), float(lat), opts.astra_sim_bin)
+            else:
+                backend = AstraInprocBackend(float(bw), float(lat))
         self.backend = backend
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
@@ -520,15 +529,15 @@ class Simulator:
                     by_idx = dict(payload)
                     shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
                     dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
+                    dur += _tier_loads_ns(self.instances, payload)
                 elif lead.pim is not None:
                     dur = pim_iteration_ns(backend, lead, payload[0][1].shape,
                                            lead.opts.enable_sub_batch_interleaving)
+                    dur += _tier_loads_ns(self.instances, payload)
                 else:
-                    dur = backend.iteration_ns(lead, payload[0][1].shape)
-                for idx, batch in payload:
-                    if batch.tier_load_bytes:
-                        # Lower-tier prefix hits are loaded before the step computes on them.
-                        dur += self.instances[idx].lower_tier.load_ns(batch.tier_load_bytes)
+                    # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
+                    dur = backend.iteration_ns(lead, payload[0][1].shape,
+                                               payload[0][1].tier_load_bytes)
                 dur = max(1, dur)
                 if power.enabled:
                     by_idx = dict(payload)

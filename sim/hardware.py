@@ -46,6 +46,10 @@ class HardwareSpec:
     price_per_hour_usd: float | None = None
     aliases: tuple[str, ...] = field(default=())
     source: str = ""
+    #: a PIM device (profiles/pim/<name>.ini) this system pairs with in host memory
+    pim_config: str | None = None
+    #: host memory per node for that PIM device, GiB
+    pim_mem_GiB: float | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for a model dtype (fp8/int8 fall back to bf16 where absent)."""
@@ -109,6 +113,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         price_per_hour_usd=(None if opt["price_per_hour_usd"] is None
                             else float(opt["price_per_hour_usd"])),
         aliases=tuple(str(a) for a in (d.get("aliases") or ())),
+        pim_config=d.get("pim_config"),
+        pim_mem_GiB=float(d["pim_mem_GiB"]) if d.get("pim_mem_GiB") is not None else None,
         source=source,
     )
 

@@ -1,0 +1,95 @@
+"""Per-iteration execution graphs (Chakra-style) for one instance.
+
+An instance with tensor-parallel degree tp and pp pipeline stages runs on tp * pp NPUs,
+numbered stage-major (npu = stage * tp + rank; dimension 0 of the instance's network is the
+TP group, dimension 1 the pipeline). Each NPU's graph is:
+
+- stage 0: the prologue (embedding), then its share of the decoder blocks;
+- later stages: a RECV of the previous stage's activations, then their blocks;
+- inside a block, consecutive compute layers merge into one COMP node, and a TP ALL_REDUCE
+  of the activations (tokens * hidden * dtype bytes, dimension 0 only) follows every
+  row-parallel layer (o_proj, down_proj, moe) when tp > 1;
+- the last stage ends with the head (final norm, lm_head, sampler); other stages SEND
+  their activations on;
+- a MEM_LOAD of KV blocks fetched from a lower prefix-cache tier comes first.
+
+The block's node pattern is computed once per iteration and replicated for every block.
+"""
+
+from __future__ import annotations
+
+from astrasim import Graph, GraphBuilder
+
+from sim.latency.base import LayerTimes
+from sim.model import TP_ALLREDUCE_AFTER
+
+COMP, ALLREDUCE = 0, 1
+
+
+def block_pattern(block: tuple[tuple[str, int], ...], tp: int) -> list[tuple[int, int]]:
+    """[(COMP, ns) | (ALLREDUCE, 0)] for one decoder block, consecutive compute merged."""
+    out: list[tuple[int, int]] = []
+    acc = 0
+    for name, ns in block:
+        acc += ns
+        if tp > 1 and name in TP_ALLREDUCE_AFTER:
+            out.append((COMP, acc))
+            out.append((ALLREDUCE, 0))
+            acc = 0
+    if acc:
+        out.append((COMP, acc))
+    return out
+
+
+def blocks_per_stage(num_blocks: int, pp: int) -> list[int]:
+    base, extra = divmod(num_blocks, pp)
+    return [base + (1 if s < extra else 0) for s in range(pp)]
+
+
+def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
+                 load_bytes: int = 0, ndims: int | None = None) -> dict[int, Graph]:
+    """Graphs of every NPU; ``ndims`` is the network's dimension count (default: 2 when
+    pp > 1), so a single stage's graph can run on a pipelined instance's network."""
+    pattern = block_pattern(lt.block, tp)
+    prologue = sum(ns for _, ns in lt.prologue)
+    head = sum(ns for _, ns in lt.head)
+    involved = [True] + [False] * ((ndims or (2 if pp > 1 else 1)) - 1)
+    graphs: dict[int, Graph] = {}
+    for stage, n_blocks in enumerate(blocks_per_stage(lt.num_blocks, pp)):
+        for rank in range(tp):
+            npu = stage * tp + rank
+            b = GraphBuilder(npu)
+            if load_bytes:
+                b.mem_load(load_bytes, name="kv_tier_load")
+            if stage == 0:
+                acc = prologue
+            else:
+                b.recv(npu - tp, act_bytes, tag=stage, name="pp_recv")
+                acc = 0
+            for _ in range(n_blocks):
+                for kind, ns in pattern:
+                    if kind == COMP:
+                        acc += ns
+                    else:
+                        if acc:
+                            b.comp(acc)
+                            acc = 0
+                        b.all_reduce(act_bytes, involved_dim=involved)
+            if stage == pp - 1:
+                acc += head
+                if acc:
+                    b.comp(acc)
+            else:
+                if acc:
+                    b.comp(acc)
+                b.send(npu + tp, act_bytes, tag=stage + 1, name="pp_send")
+            graphs[npu] = b.build()
+    return graphs
+
+
+def stage_transfer_graphs(tp: int, act_bytes: int) -> dict[int, Graph]:
+    """Stage 0 rank 0 sends one stage boundary's activations to stage 1 rank 0."""
+    sender, receiver = GraphBuilder(0), GraphBuilder(tp)
+    sender.send(tp, act_bytes, tag=1, name="pp_send")
+    receiver.recv(0, act_bytes, tag=1, name="pp_recv")
+    return {0: sender.build(), tp: receiver.build()}

@@ -1,0 +1,110 @@
+"""The system backend: execution graphs, layer-block reuse, and in-process/subprocess parity."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import sim
+from sim.graph_generator import block_pattern, build_graphs
+from sim.latency.base import BatchShape
+from sim.paths import shared_data_root
+
+
+def _cluster(tp: int, pp: int, model="meta-llama/Llama-3.1-8B", hw="H100-SXM", mem=80):
+    return sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+        "num_instances": 1, "cpu_mem": {"mem_size": 256, "mem_bw": 64, "mem_latency": 0},
+        "instances": [{"model_name": model, "hardware": hw,
+                       "npu_mem": {"mem_size": mem, "mem_bw": 3350, "mem_latency": 0},
+                       "num_npus": tp * pp, "tp_size": tp, "pp_size": pp}]}]})
+
+
+def _shapes(n=15, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        nd = rng.randrange(1, 64)
+        kv = [rng.randrange(16, 4096) for _ in range(nd)]
+        pf = rng.choice([0, rng.randrange(16, 1024)])
+        out.append(BatchShape(nd + pf, nd + (1 if pf else 0), pf, 0, nd, sum(kv), max(kv), min(kv)))
+    return out
+
+
+def test_block_pattern_puts_allreduce_after_row_parallel_layers():
+    block = (("layernorm", 1), ("qkv_proj", 2), ("attention", 3), ("o_proj", 4),
+             ("layernorm", 5), ("gate_up_proj", 6), ("act_fn", 7), ("down_proj", 8))
+    assert block_pattern(block, 1) == [(0, 36)]
+    assert block_pattern(block, 2) == [(0, 10), (1, 0), (0, 26), (1, 0)]
+
+
+def test_graph_shape_for_tp_and_pp():
+    s = sim.Simulator(_cluster(2, 2), sim.SimOptions(latency_provider="roofline"))
+    inst = s.instances[0]
+    lt = inst.provider.layer_times(_shapes(1)[0])
+    graphs = build_graphs(lt, 2, 2, 1 << 20, load_bytes=4096)
+    assert sorted(graphs) == [0, 1, 2, 3]
+    kinds = [[n.type for n in graphs[npu].nodes] for npu in (0, 2)]
+    from astrasim import NodeType
+    assert kinds[0][0] == NodeType.MEM_LOAD_NODE and kinds[0][-1] == NodeType.COMM_SEND_NODE
+    assert NodeType.COMM_RECV_NODE in kinds[1] and kinds[1][-1] == NodeType.COMP_NODE
+    n_ar = sum(1 for k in kinds[0] if k == NodeType.COMM_COLL_NODE)
+    assert n_ar == 2 * 16  # two all-reduces per block, 16 of the 32 blocks on stage 0
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)])
+def test_layer_block_reuse_equals_the_full_graph(tp, pp):
+    s = sim.Simulator(_cluster(tp, pp), sim.SimOptions(latency_provider="roofline"))
+    inst = s.instances[0]
+    engine = s.backend._engine(inst)
+    for shape in _shapes():
+        lt = inst.provider.layer_times(shape)
+        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+        full = max(r.cycles for r in engine.run(build_graphs(lt, tp, pp, act, 8192)).values())
+        assert s.backend.iteration_ns(inst, shape, 8192) == full
+
+
+def test_tp_adds_communication_and_splits_compute():
+    one = sim.Simulator(_cluster(1, 1), sim.SimOptions(latency_provider="roofline"))
+    two = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"))
+    big = BatchShape(2048, 1, 2048, 0, 0, 0, 0, 0)
+    t1 = one.backend.iteration_ns(one.instances[0], big)
+    t2 = two.backend.iteration_ns(two.instances[0], big)
+    comp2 = two.instances[0].provider.layer_times(big).total_ns()
+    assert t2 > comp2  # the all-reduces cost something
+    assert t2 < t1     # but TP still speeds up a large prefill
+
+
+def test_inprocess_and_subprocess_backends_agree_on_a_synthetic_replay():
+    wl = sim.generate(sim.WorkloadSpec(num_requests=12, rate=20.0, seed=4,
+                                       input=sim.LengthDist("uniform", low=50, high=600),
+                                       output=sim.LengthDist("uniform", low=2, high=20)))
+    tables = {}
+    for backend in ("inproc", "subprocess"):
+        res = sim.simulate(_cluster(2, 2), wl, sim.SimOptions(latency_provider="roofline",
+                                                              backend=backend))
+        tables[backend] = res.requests_table().to_csv(index=False)
+        assert res.summary["backend"] == backend
+    assert tables["inproc"] == tables["subprocess"]
+
+
+@pytest.mark.slow
+def test_backend_parity_tp2_qwen3_32b_replay():
+    data = shared_data_root()
+    if not (data / "profiles" / "RTXPRO6000" / "Qwen" / "Qwen3-32B").is_dir():
+        pytest.skip("../shared/data profiles are not present")
+    cluster = _cluster(2, 1, model="Qwen/Qwen3-32B", hw="RTXPRO6000", mem=96)
+    wl = sim.load_jsonl(data / "workloads" / "sharegpt-qwen3-32b-300-sps10.jsonl", limit=50)
+    out = {}
+    for backend in ("inproc", "subprocess"):
+        res = sim.simulate(cluster, wl, sim.SimOptions(backend=backend))
+        assert res.summary["latency_provider"] == "measured"
+        out[backend] = res.requests_table().to_csv(index=False).encode()
+    assert out["inproc"] == out["subprocess"]
+
+
+def test_bad_astra_sim_binary_is_an_input_error():
+    with pytest.raises(sim.InputError, match="astra-sim-bin"):
+        sim.simulate(_cluster(2, 1), sim.generate(sim.WorkloadSpec(num_requests=1)),
+                     sim.SimOptions(latency_provider="roofline", backend="subprocess",
+                                    astra_sim_bin="/nonexistent/astra"))
