@@ -39,12 +39,26 @@ class _Workloads:
         return self._cache[key]
 
 
+_BACKENDS: dict = {}
+
+
+def _backend(opts):
+    """One system backend per worker process, reused across trials (for the subprocess
+    backend: one long-lived astra-sim process per instance network)."""
+    import sim
+
+    key = (opts.backend, opts.astra_sim_bin)
+    if key not in _BACKENDS:
+        _BACKENDS[key] = sim.make_backend(opts)
+    return _BACKENDS[key]
+
+
 def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None) -> dict:
     import sim
 
     cluster = sim.parse_cluster(task["cluster"], source=f"trial {task['number']}")
     opts = sim.SimOptions(**task["options"])
-    res = sim.simulate(cluster, workloads.get(space.workload, rate), opts)
+    res = sim.simulate(cluster, workloads.get(space.workload, rate), opts, backend=_backend(opts))
     requests = res.requests_table()
     summary = dict(res.summary)
     return {"summary": summary, "requests": requests, "timeseries": res.timeseries_table(),

@@ -9,6 +9,7 @@ Public API::
     result.summary, result.requests_table(), result.timeseries_table()
 """
 
+from sim.backend import make_backend
 from sim.cluster import ClusterConfig, load_cluster, parse_cluster, unsupported_features
 from sim.engine import Simulator, simulate, validate_cluster
 from sim.errors import InputError
@@ -19,6 +20,6 @@ from sim.workload import (LengthDist, Workload, WorkloadSpec, generate, load_jso
 
 __all__ = [
     "ClusterConfig", "InputError", "LengthDist", "RunResult", "SimOptions", "Simulator",
-    "Workload", "WorkloadSpec", "generate", "load_cluster", "load_jsonl", "parse_cluster",
+    "Workload", "WorkloadSpec", "generate", "make_backend", "load_cluster", "load_jsonl", "parse_cluster",
     "simulate", "unsupported_features", "validate_cluster", "workload_from_mapping",
 ]

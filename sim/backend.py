@@ -18,6 +18,7 @@ its pipeline, with the cluster's intra-node link bandwidth and latency.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
+import yaml
 from astrasim import Engine, MemoryConfig, Network, SystemConfig, write_workload
 
 from sim.errors import InputError
@@ -42,8 +44,9 @@ class SystemBackend(Protocol):
     def close(self) -> None: ...
 
 
-def instance_network(inst, link_bw: float, link_latency: float) -> dict:
-    dims = [inst.tp] + ([inst.pp] if inst.pp > 1 else [])
+def instance_network(tp: int, pp: int, link_bw: float, link_latency: float) -> dict:
+    """An instance's own network: dimension 0 its TP group, dimension 1 its pipeline."""
+    dims = [tp] + ([pp] if pp > 1 else [])
     return {"topology": ["Ring"] * len(dims), "npus_count": dims,
             "bandwidth": [link_bw] * len(dims), "latency": [link_latency] * len(dims)}
 
@@ -91,21 +94,27 @@ def decomposed_iteration_ns(run, inst, lt: LayerTimes, act: int, load_bytes: int
     return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
 
 
+def _config_key(inst) -> str:
+    return json.dumps([inst.network, _memory(inst)], sort_keys=True)
+
+
 class AstraInprocBackend:
+    """The astra-sim engine as a library. Engines are cached per distinct instance network,
+    so one backend serves any number of simulations (a search worker keeps one)."""
+
     name = "inproc"
 
-    def __init__(self, link_bw_GBps: float, link_latency_ns: float) -> None:
-        self.link_bw = link_bw_GBps
-        self.link_latency = link_latency_ns
-        self._engines: dict[int, Engine] = {}
+    def __init__(self) -> None:
+        self._engines: dict[str, Engine] = {}
 
     def _engine(self, inst) -> Engine:
-        eng = self._engines.get(inst.instance_id)
+        key = _config_key(inst)
+        eng = self._engines.get(key)
         if eng is None:
-            net = instance_network(inst, self.link_bw, self.link_latency)
+            net = inst.network
             eng = Engine(Network.from_dict(net), SystemConfig.from_dict(_system_for(net)),
                          MemoryConfig.from_dict(_memory(inst)))
-            self._engines[inst.instance_id] = eng
+            self._engines[key] = eng
         return eng
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
@@ -132,14 +141,12 @@ class AstraSubprocessBackend:
 
     name = "subprocess"
 
-    def __init__(self, link_bw_GBps: float, link_latency_ns: float,
-                 binary: str | None = None) -> None:
-        self.link_bw = link_bw_GBps
-        self.link_latency = link_latency_ns
+    def __init__(self, binary: str | None = None) -> None:
         self.binary = binary
         self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-"))
-        self._procs: dict[int, subprocess.Popen] = {}
-        self._iteration = 0
+        self._procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+        #: processes started (a restart after a crash counts)
+        self.starts = 0
 
     def _command(self, folder: Path) -> list[str]:
         args = [f"--network-configuration={folder / 'network.yml'}",
@@ -151,26 +158,24 @@ class AstraSubprocessBackend:
             return [self.binary, *args]
         return [sys.executable, "-m", "astrasim", *args, "--interactive"]
 
-    def _proc(self, inst) -> subprocess.Popen:
-        proc = self._procs.get(inst.instance_id)
-        if proc is not None and proc.poll() is None:
-            return proc
-        import json
-
-        import yaml
-
-        folder = self.workdir / f"instance{inst.instance_id}"
+    def _proc(self, inst) -> tuple[subprocess.Popen, Path]:
+        key = _config_key(inst)
+        entry = self._procs.get(key)
+        if entry is not None and entry[0].poll() is None:
+            return entry
+        folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
-        net = instance_network(inst, self.link_bw, self.link_latency)
+        net = inst.network
         (folder / "network.yml").write_text(yaml.safe_dump(net, default_flow_style=None))
         (folder / "system.json").write_text(json.dumps(_system_for(net)))
         (folder / "memory.json").write_text(json.dumps(_memory(inst)))
         proc = subprocess.Popen(self._command(folder), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.starts += 1
         self._read_until_waiting(proc)
-        self._procs[inst.instance_id] = proc
-        return proc
+        self._procs[key] = (proc, folder)
+        return proc, folder
 
     @staticmethod
     def _read_until_waiting(proc) -> list[int]:
@@ -187,15 +192,24 @@ class AstraSubprocessBackend:
                 return cycles
 
     def _run(self, inst, graphs, name: str) -> int:
-        proc = self._proc(inst)
-        prefix = self.workdir / f"instance{inst.instance_id}" / name
-        write_workload(prefix, graphs)
-        proc.stdin.write(f"{prefix}\n")
-        proc.stdin.flush()
-        cycles = self._read_until_waiting(proc)
-        if not cycles:
-            raise RuntimeError("astra-sim reported no finished NPU for the iteration")
-        return max(cycles)
+        for attempt in (1, 2):
+            proc, folder = self._proc(inst)
+            prefix = folder / name
+            write_workload(prefix, graphs)
+            try:
+                proc.stdin.write(f"{prefix}\n")
+                proc.stdin.flush()
+                cycles = self._read_until_waiting(proc)
+            except (OSError, RuntimeError):
+                # The process died: start a fresh one and replay this graph once.
+                proc.kill()
+                if attempt == 2:
+                    raise
+                continue
+            if not cycles:
+                raise RuntimeError("astra-sim reported no finished NPU for the iteration")
+            return max(cycles)
+        raise AssertionError("unreachable")
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
         lt = inst.provider.layer_times(shape)
@@ -203,7 +217,7 @@ class AstraSubprocessBackend:
                                        lt, _act_bytes(inst, shape), load_bytes)
 
     def close(self) -> None:
-        for proc in self._procs.values():
+        for proc, _ in self._procs.values():
             if proc.poll() is None:
                 try:
                     proc.stdin.write("exit\n")
@@ -213,3 +227,10 @@ class AstraSubprocessBackend:
                     proc.kill()
         self._procs.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def make_backend(options) -> SystemBackend:
+    """The backend ``options.backend`` names; reusable across simulations."""
+    if options.backend == "subprocess":
+        return AstraSubprocessBackend(options.astra_sim_bin)
+    return AstraInprocBackend()

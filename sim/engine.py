@@ -13,7 +13,7 @@ import heapq
 import time
 from dataclasses import dataclass
 
-from sim.backend import AstraInprocBackend, AstraSubprocessBackend, SystemBackend
+from sim.backend import SystemBackend, instance_network, make_backend
 from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.kv_cache import KVCacheManager, PrefixTier
@@ -42,6 +42,8 @@ class InstanceRuntime:
     scheduler: Scheduler
     lower_tier: PrefixTier | None = None
     pim: object | None = None
+    #: the instance's own ASTRA-Sim network (TP group x pipeline stages)
+    network: dict | None = None
 
 
 def _import_providers() -> None:
@@ -202,8 +204,10 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
+        bw, lat = _link(cluster, inst, inst)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
-                                   blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim))
+                                   blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
+                                   network=instance_network(inst.tp_size, inst.pp_size, bw, lat)))
     return out
 
 
@@ -349,16 +353,8 @@ class Simulator:
         self.cluster = cluster
         self.opts = opts
         self.instances = build_instances(cluster, opts)
-        if backend is None:
-            lat = cluster.link_latency_ns
-            lat = lat[0] if isinstance(lat, list) else lat
-            bw = cluster.link_bw_GBps
-            bw = bw[0] if isinstance(bw, list) else bw
-            if opts.backend == "subprocess":
-                backend = AstraSubprocessBackend(float(bw), float(lat), opts.astra_sim_bin)
-            else:
-                backend = AstraInprocBackend(float(bw), float(lat))
-        self.backend = backend
+        self._owns_backend = backend is None
+        self.backend = backend if backend is not None else make_backend(opts)
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
@@ -636,7 +632,9 @@ class Simulator:
         }
 
     def close(self) -> None:
-        self.backend.close()
+        """Release the backend if this simulator created it (a caller's is left running)."""
+        if self._owns_backend:
+            self.backend.close()
 
 
 class _Progress:

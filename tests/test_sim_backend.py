@@ -108,3 +108,22 @@ def test_bad_astra_sim_binary_is_an_input_error():
         sim.simulate(_cluster(2, 1), sim.generate(sim.WorkloadSpec(num_requests=1)),
                      sim.SimOptions(latency_provider="roofline", backend="subprocess",
                                     astra_sim_bin="/nonexistent/astra"))
+
+
+def test_subprocess_backend_survives_a_killed_astra_sim_process():
+    backend = sim.make_backend(sim.SimOptions(backend="subprocess"))
+    try:
+        opts = sim.SimOptions(latency_provider="roofline", backend="subprocess")
+        wl = sim.generate(sim.WorkloadSpec(num_requests=6, rate=50.0, seed=1,
+                                           input=sim.LengthDist("uniform", low=20, high=200),
+                                           output=sim.LengthDist("uniform", low=2, high=8)))
+        first = sim.simulate(_cluster(2, 1), wl, opts, backend=backend)
+        assert backend.starts == 1  # reused across iterations, left running for the caller
+        for proc, _ in backend._procs.values():
+            proc.kill()
+            proc.wait()
+        again = sim.simulate(_cluster(2, 1), wl, opts, backend=backend)
+        assert backend.starts == 2
+        assert again.requests_table().equals(first.requests_table())
+    finally:
+        backend.close()
