@@ -115,6 +115,8 @@ class HardwareInfo:
     has_pim: bool
     power_idle_W: float | None = None
     power_tdp_W: float | None = None
+    pim_config: str | None = None
+    pim_mem_GiB: float | None = None
 
 
 def _first(obj: Any, *names: str):
@@ -142,7 +144,7 @@ def hardware_info(name: str, source: str | None = None) -> HardwareInfo:
     if mem is None or bw is None:
         raise InputError(f"hardware {name!r}: catalogue entry lacks memory size/bandwidth",
                          source=source)
-    pim = _first(spec, "has_pim", "pim", "pim_config") or getattr(spec, "kind", "") == "pim"
+    pim = getattr(spec, "pim_config", None) is not None
     return HardwareInfo(
         name=getattr(spec, "name", name), mem_gib=float(mem), mem_bw_GBps=float(bw),
         link_bw_GBps=_f(_first(spec, "link_bw_GBps", "link_bw", "interconnect_bw_GBps")),
@@ -150,7 +152,9 @@ def hardware_info(name: str, source: str | None = None) -> HardwareInfo:
         price_per_hour=_f(_first(spec, "price_per_hour_usd", "price_per_hour",
                                  "price_per_device_hour")),
         has_pim=bool(pim),
-        power_idle_W=_f(_first(spec, "power_idle_W")), power_tdp_W=_f(_first(spec, "power_tdp_W")))
+        power_idle_W=_f(_first(spec, "power_idle_W")), power_tdp_W=_f(_first(spec, "power_tdp_W")),
+        pim_config=getattr(spec, "pim_config", None),
+        pim_mem_GiB=_f(getattr(spec, "pim_mem_GiB", None)))
 
 
 def _f(v) -> float | None:

@@ -128,10 +128,8 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
         return 0
     objs = meta.get("objectives", [])
     dirs = dict(zip(objs, meta.get("directions", [])))
-    knobs = [c for c in ("hardware", "tp", "pp", "ep", "replicas", "pd", "pd_ratio",
-                         "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-                         "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                         "routing_policy", "prefix_tier") if c in df.columns
+    from dse.space import KNOB_ORDER
+    knobs = [c for c in KNOB_ORDER if c in df.columns
              and (df[c].nunique() > 1 or c in ("tp", "replicas"))]
     cols = ["trial", *objs, *knobs, "devices_used", "attainment", "ttft_ms.p99", "tpot_ms.p99"]
     if "p99_ttft" in objs:

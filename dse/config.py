@@ -74,9 +74,11 @@ def build_cluster(space: Space, params: dict) -> dict:
             insts.append(inst)
         cpu = dict(cd["cpu_mem"])
         if params.get("pim_mode", "off") != "off":
-            cpu["pim_config"] = getattr(info, "pim_config", None) or "DDR4_8GB_3200_pim"
+            cpu["pim_config"] = info.pim_config
+            cpu["mem_size"] = max(cpu.get("mem_size", 0), info.pim_mem_GiB or 0)
         node: dict[str, Any] = {"num_instances": len(insts), "cpu_mem": cpu, "instances": insts}
-        if params.get("_power") or any(o.name == "energy_per_token" for o in space.objectives):
+        if params.get("_power") or any(o.name in ("energy_per_token", "avg_power")
+                                       for o in space.objectives):
             node["power"] = cd.get("power") or default_power_block(hw, info)
         nodes.append(node)
     out = {
@@ -121,6 +123,10 @@ def sim_options(space: Space, params: dict) -> dict:
         # Blocks evicted from the NPU's prefix cache are kept in CPU memory or CXL.
         opts["prefix_storage"] = tier.upper()
         opts["enable_prefix_sharing"] = bool(params.get("prefix_sharing", False))
+    if params.get("pim_mode", "off") != "off":
+        opts["enable_attn_offloading"] = True
+        opts["pim_mode"] = params["pim_mode"]
+        opts["enable_sub_batch_interleaving"] = bool(params.get("sub_batch_interleaving", False))
     if space.simulator.get("max_sim_time_s"):
         opts["max_sim_time_ns"] = int(space.simulator["max_sim_time_s"] * 1e9)
     return opts

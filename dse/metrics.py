@@ -101,6 +101,7 @@ def objective_values(space: Space, summary: dict, slo_eval: dict, devices: int,
         "energy_per_token": float(energy) / total_out if energy is not None and total_out > 0
         else None,
         "devices_used": float(devices),
+        "avg_power": float(summary["avg_power_w"]) if summary.get("avg_power_w") else None,
     }
     return out
 

@@ -38,18 +38,20 @@ OBJECTIVES = {
     "cost_per_million_tokens": "minimize",
     "energy_per_token": "minimize",
     "devices_used": "minimize",
+    "avg_power": "minimize",
 }
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
-PIM_MODES = ("off", "attention")
-BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing")
+PIM_MODES = ("off", "local", "pool")
+BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing",
+              "sub_batch_interleaving")
 INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
 STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
 KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "replicas", "pd", "pd_ratio", "pim_mode",
-              "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
+              "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
               "enable_chunked_prefill", "routing_policy")
 #: vLLM defaults used when a knob is absent
@@ -57,6 +59,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
     "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
     "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
+    "sub_batch_interleaving": False,
     "routing_policy": "LOAD",
 }
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
@@ -268,6 +271,8 @@ class Space:
         if name == "pim_mode":
             hw = params.get("hardware", self.hardware[0])
             return self.hw_info[hw].has_pim
+        if name == "sub_batch_interleaving":
+            return params.get("pim_mode", "off") != "off" and int(params.get("pp", 1)) == 1
         return True
 
     def suggest(self, trial) -> dict[str, Any]:
@@ -300,6 +305,11 @@ class Space:
             out["ep"] = 1
         if out.get("prefix_tier", "npu") == "npu":
             out["prefix_sharing"] = False
+        hw = out["hardware"]
+        if hw in self.hw_info and not self.hw_info[hw].has_pim:
+            out["pim_mode"] = "off"
+        if out.get("pim_mode", "off") == "off":
+            out["sub_batch_interleaving"] = False
         return out
 
     def grid(self) -> list[dict[str, Any]]:
@@ -666,9 +676,9 @@ def _check_modelled(space: Space) -> None:
         probes.append(("knobs.prefix_tier", {**base, "prefix_tier": tier}))
     if "pim_mode" in k and k["pim_mode"].may_take(lambda v: v != "off"):
         hw = next(h for h in space.hardware if space.hw_info[h].has_pim)
-        probes.append(("knobs.pim_mode", {**base, "hardware": hw, "pim_mode": "attention"}))
-    if any(o.name == "energy_per_token" for o in space.objectives):
-        probes.append(("objectives: energy_per_token", {**base, "_power": True}))
+        probes.append(("knobs.pim_mode", {**base, "hardware": hw, "pim_mode": "local"}))
+    if any(o.name in ("energy_per_token", "avg_power") for o in space.objectives):
+        probes.append(("objectives: energy_per_token/avg_power", {**base, "_power": True}))
     for where, params in probes:
         cluster = _probe_cluster(space, params)
         problems = simapi.unsupported_features(cluster)
