@@ -9,7 +9,6 @@ import sys
 import pytest
 
 import sim
-from sim.backend import AnalyticalBackend
 from sim.engine import Simulator, pim_iteration_ns
 from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
@@ -59,8 +58,8 @@ def test_offloading_helps_long_context_decode_and_not_short_prefill_heavy_batche
     # PIM example cluster): every layer pays the hop.
     opts = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True,
                           pim_mode="pool")
-    inst = Simulator(_cluster(link_latency=20000), opts).instances[0]
-    backend = AnalyticalBackend(64, 20000)
+    simulator = Simulator(_cluster(link_latency=20000), opts)
+    inst, backend = simulator.instances[0], simulator.backend
 
     def gain(shape):
         return backend.iteration_ns(inst, shape) / pim_iteration_ns(backend, inst, shape, False)
@@ -76,8 +75,8 @@ def test_offloading_helps_long_context_decode_and_not_short_prefill_heavy_batche
 
 def test_interleaving_overlaps_when_npu_and_pim_work_balance():
     opts = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True)
-    inst = Simulator(_cluster(), opts).instances[0]
-    backend = AnalyticalBackend(64, 100)
+    simulator = Simulator(_cluster(), opts)
+    inst, backend = simulator.instances[0], simulator.backend
     # Compute-bound NPU work and long-context PIM attention of similar size.
     big = BatchShape(256, 256, 0, 0, 256, 256 * 16384, 16384, 16384)
     serial = pim_iteration_ns(backend, inst, big, False)
