@@ -507,7 +507,7 @@ class Simulator:
                           and inflight_count[unit] == 0):
                         head = inst.scheduler.waiting[0]
                         o = inst.opts
-                        if (not o.enable_chunked_prefill
+                        if (not o.enable_chunked_prefill and o.max_num_batched_tokens
                                 and head.num_tokens > o.max_num_batched_tokens):
                             raise InputError(
                                 f"request {head.rid} has a {head.num_tokens}-token prompt but "

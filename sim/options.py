@@ -67,8 +67,12 @@ class SimOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"option {name} must be a positive integer, got {v!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "block_size"):
             pos(name)
+        mnbt = self.max_num_batched_tokens
+        if not isinstance(mnbt, int) or isinstance(mnbt, bool) or mnbt < 0:
+            raise InputError("option max_num_batched_tokens must be a positive integer (0 = no "
+                             f"token budget, as LLMServingSim's decode instances use), got {mnbt!r}")
         if self.long_prefill_token_threshold < 0:
             raise InputError("option long_prefill_token_threshold must be >= 0")
         if self.prefix_storage not in (None, "CPU", "CXL"):

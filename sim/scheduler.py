@@ -44,7 +44,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.max_num_seqs = opts.max_num_seqs
-        self.budget = opts.max_num_batched_tokens
+        # 0 means no token budget (LLMServingSim's convention for decode instances).
+        self.budget = opts.max_num_batched_tokens or (1 << 40)
         self.threshold = opts.long_prefill_token_threshold
         self.chunked = opts.enable_chunked_prefill
         self.reserve_full = opts.reserve_full_isl
