@@ -3,6 +3,7 @@
     llmsim run --cluster cluster.json --dataset workload.jsonl --output out.csv [--summary s.json]
     llmsim profiles list [--hardware HW] [--model M] [--tp N]
     llmsim profile --model M --hardware HW --out DIR [--tp 1 2] [--device cuda|cpu]
+    llmsim astra-config --cluster cluster.json --out DIR   (ASTRA-Sim input files)
 
 User errors print one line to stderr and exit with status 2.
 """
@@ -141,6 +142,32 @@ def _profiles(args) -> int:
     return 0
 
 
+def _add_astra_config(sub) -> None:
+    p = sub.add_parser("astra-config",
+                       help="write ASTRA-Sim input files (network.yml, system.json, memory.json) "
+                            "for a cluster")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--out", required=True, help="folder to write into")
+    p.add_argument("--collective", default="ring",
+                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+
+
+def _astra_config(args) -> int:
+    import json
+
+    import sim
+    from sim.config_builder import build_layout, write_layout
+
+    cluster = sim.load_cluster(args.cluster)
+    layout = build_layout(cluster, collective_impl=args.collective)
+    paths = write_layout(layout, args.out)
+    (Path(args.out) / "npus.json").write_text(json.dumps(
+        {str(k): list(v) for k, v in layout.npus.items()}, indent=2) + "\n")
+    print(f"{layout.num_npus} NPUs, topology {layout.network['topology']} "
+          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _add_profile(sub) -> None:
     p = sub.add_parser("profile", help="measure a profile bundle with PyTorch")
     p.add_argument("--model", required=True)
@@ -171,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_run(sub)
     _add_profiles(sub)
     _add_profile(sub)
+    _add_astra_config(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"))
     try:
@@ -178,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.cmd == "profiles":
             return _profiles(args)
+        if args.cmd == "astra-config":
+            return _astra_config(args)
         return _profile(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
