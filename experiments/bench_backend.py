@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                 s.close()
             a, b = res["inproc"], res["subprocess"]
             print(f"{tp:3d}{pp:4d}{a[0] * 1e6:20.0f}{b[0] * 1e6:20.0f}{b[0] / a[0]:7.1f}"
-                  f"{str(a[1] == b[1]):>11s}")
+                  f"{a[1] == b[1]!s:>11s}")
     return 0
 
 

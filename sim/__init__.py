@@ -15,11 +15,31 @@ from sim.engine import Simulator, simulate, validate_cluster
 from sim.errors import InputError
 from sim.metrics import RunResult
 from sim.options import SimOptions
-from sim.workload import (LengthDist, Workload, WorkloadSpec, generate, load_jsonl,
-                          workload_from_mapping)
+from sim.workload import (
+                          LengthDist,
+                          Workload,
+                          WorkloadSpec,
+                          generate,
+                          load_jsonl,
+                          workload_from_mapping,
+)
 
 __all__ = [
-    "ClusterConfig", "InputError", "LengthDist", "RunResult", "SimOptions", "Simulator",
-    "Workload", "WorkloadSpec", "generate", "make_backend", "load_cluster", "load_jsonl", "parse_cluster",
-    "simulate", "unsupported_features", "validate_cluster", "workload_from_mapping",
+                          "ClusterConfig",
+                          "InputError",
+                          "LengthDist",
+                          "RunResult",
+                          "SimOptions",
+                          "Simulator",
+                          "Workload",
+                          "WorkloadSpec",
+                          "generate",
+                          "load_cluster",
+                          "load_jsonl",
+                          "make_backend",
+                          "parse_cluster",
+                          "simulate",
+                          "unsupported_features",
+                          "validate_cluster",
+                          "workload_from_mapping",
 ]

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 
 from sim.backend import SystemBackend, instance_network, make_backend
-from sim.cluster import GiB, ClusterConfig, InstanceConfig, unsupported_features
+from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
-from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.gate import GATE_POLICIES
+from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.latency.base import LATENCY_PROVIDERS, BatchShape
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
@@ -25,7 +25,7 @@ from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
-from sim.scheduler import Batch, Scheduler
+from sim.scheduler import Scheduler
 from sim.workload import Workload
 
 
@@ -432,13 +432,12 @@ class Simulator:
         while remaining > 0:
             # 1. Next event time: an iteration ending or (if something is idle) an arrival.
             t_next = in_flight[0][0] if in_flight else None
-            if pending and (t_next is None or pending[0][0] < t_next):
-                if any(inflight_count[u] < depth[u] for u in range(n_units)):
-                    t_next = pending[0][0] if t_next is None else min(t_next, pending[0][0])
+            if pending and (t_next is None or pending[0][0] < t_next) and any(
+                    inflight_count[u] < depth[u] for u in range(n_units)):
+                t_next = pending[0][0]
             if t_next is None:
                 raise RuntimeError("simulation stalled: requests remain but nothing can run")
-            if t_next > now:
-                now = t_next
+            now = max(now, t_next)
             if max_time is not None and now > max_time:
                 break
             # 2. Route arrivals.

@@ -24,7 +24,7 @@ from sim.request import Request
 
 
 class RadixNode:
-    __slots__ = ("key", "parent", "children", "block_id")
+    __slots__ = ("block_id", "children", "key", "parent")
 
     def __init__(self, key, parent, block_id: int) -> None:
         self.key = key

@@ -130,7 +130,7 @@ class PowerModel:
                  end_ns: int) -> dict:
         """Energy of the run. ``iterations[instance]`` lists (start, end, memory bytes read,
         link bytes moved) for every step of that instance."""
-        for node_id, np_ in self.nodes.items():
+        for np_ in self.nodes.values():
             for comp, w in (("base", np_.base_W), ("cpu", np_.cpu_W), ("dram", np_.dram_idle_W),
                             ("link", np_.link_idle_W), ("nic", np_.nic_W),
                             ("storage", np_.storage_W)):
@@ -191,4 +191,4 @@ def iteration_link_bytes(inst, shape) -> int:
     return int(per_ar * tp * 2 * model.num_hidden_layers)
 
 
-__all__ = ["PowerModel", "COMPONENTS", "iteration_memory_bytes", "iteration_link_bytes", "GiB"]
+__all__ = ["COMPONENTS", "GiB", "PowerModel", "iteration_link_bytes", "iteration_memory_bytes"]

@@ -12,7 +12,7 @@ WAITING, RUNNING, FINISHED = 0, 1, 2
 
 
 class Request:
-    __slots__ = (
+    __slots__ = (  # noqa: RUF023 - grouped by meaning, not sorted
         "rid", "arrival_ns", "input_len", "output_len", "input_ids", "output_ids",
         "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
         # runtime state

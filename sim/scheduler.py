@@ -99,8 +99,7 @@ class Scheduler:
             n = req.num_tokens - req.num_computed
             if threshold and n > threshold:
                 n = threshold
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             if n <= 0:
                 i += 1
                 continue
@@ -143,8 +142,7 @@ class Scheduler:
                     n = threshold
                 if not self.chunked and n > budget:
                     break
-                if n > budget:
-                    n = budget
+                n = min(n, budget)
                 if self.reserve_full and not kv.can_admit(req, hit, True, n):
                     break
                 lower_tokens = lower * kv.block_size
@@ -179,10 +177,8 @@ class Scheduler:
                 n_dec += 1
                 k = req.num_computed
                 kv_sum += k
-                if k > kv_max:
-                    kv_max = k
-                if k < kv_min:
-                    kv_min = k
+                kv_max = max(kv_max, k)
+                kv_min = min(kv_min, k)
             else:
                 prefill_tokens += n
                 prefill_kv += req.num_computed
@@ -209,8 +205,7 @@ class Scheduler:
                 else:
                     gap = now - req.last_token_ns
                     itl_sink.append(gap)
-                    if gap > req.itl_max_ns:
-                        req.itl_max_ns = gap
+                    req.itl_max_ns = max(req.itl_max_ns, gap)
                 req.last_token_ns = now
                 req.num_output += 1
                 if req.num_output >= req.output_len:
@@ -225,7 +220,7 @@ class Scheduler:
                 kv.cache_full_blocks(req)
         leaving = finished + self.handoffs if self.handoffs else finished
         if leaving:
-            done = set(id(r) for r in leaving)
+            done = {id(r) for r in leaving}
             self.running = [r for r in self.running if id(r) not in done]
             for r in leaving:
                 if caching:

@@ -219,7 +219,7 @@ def generate(spec: WorkloadSpec) -> Workload:
     else:
         ins = spec.input.sample(rng, n, "input")
         outs = spec.output.sample(rng, n, "output")
-    reqs = [Request(i, int(math.floor(arrivals[i] * 1e9)), max(1, int(ins[i])), max(1, int(outs[i])))
+    reqs = [Request(i, math.floor(arrivals[i] * 1e9), max(1, int(ins[i])), max(1, int(outs[i])))
             for i in range(n)]
     return Workload(reqs, source=f"generated({spec.arrival}, seed={spec.seed})",
                     closed_loop_clients=spec.concurrency)

@@ -3,6 +3,7 @@ features (PD, lower prefix tier, DP/EP) switched on."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -67,7 +68,7 @@ def test_turn_arrives_after_previous_turn_ends_plus_tool_time():
     for sid, g in t.groupby("session_id"):
         rows = g.to_dict("records")
         assert [r["sub_request_index"] for r in rows] == list(range(len(rows)))
-        for prev, cur in zip(rows, rows[1:]):
+        for prev, cur in itertools.pairwise(rows):
             assert cur["arrival_ns"] == prev["last_token_ns"] + tools[(sid, cur["sub_request_index"])]
     assert res.summary["num_sessions"] == 4
     assert res.summary["session_e2e_ms"]["mean"] > 0

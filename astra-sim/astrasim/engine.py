@@ -214,18 +214,7 @@ class _Sim:
                 elif t in _MEMS:
                     res[i] = R_MEM
                     dur[i] = eng_mem(nd.attrs.get("tensor_size") or 0)
-                deps = nd.data_deps
-                if nd.ctrl_deps:
-                    deps = list(dict.fromkeys([*deps, *nd.ctrl_deps]))
-                elif len(deps) > 1:
-                    deps = list(dict.fromkeys(deps))
-                for dep in deps:
-                    j = idx.get(dep)
-                    if j is None:
-                        raise WorkloadError(f"NPU {npu}: node {nd.id} ({nd.name!r}) depends "
-                                            f"on unknown node {dep}")
-                    children[j].append(i)
-                pending[i] = len(deps)
+                _wire_deps(npu, i, nd, idx, children, pending)
             self.nodes[npu] = nodes
             self.res[npu] = res
             self.dur[npu] = dur
@@ -363,6 +352,23 @@ class _Sim:
             f"send/recv without its partner); blocked at: {', '.join(started) or 'a cycle'}")
 
 
+def _wire_deps(npu: int, i: int, nd, idx: dict, children: list, pending: list) -> None:
+    """Record node ``i``'s dependencies (data and control, de-duplicated): each dependency
+    gets ``i`` as a child and ``i`` waits for all of them."""
+    deps = nd.data_deps
+    if nd.ctrl_deps:
+        deps = list(dict.fromkeys([*deps, *nd.ctrl_deps]))
+    elif len(deps) > 1:
+        deps = list(dict.fromkeys(deps))
+    for dep in deps:
+        j = idx.get(dep)
+        if j is None:
+            raise WorkloadError(f"NPU {npu}: node {nd.id} ({nd.name!r}) depends on unknown "
+                                f"node {dep}")
+        children[j].append(i)
+    pending[i] = len(deps)
+
+
 def _type_name(t) -> str:
     try:
         return NodeType(t).name
@@ -402,18 +408,7 @@ def _run_solo(eng: Engine, npu: int, nodes) -> Result:
         elif t in _MEMS:
             res[i] = R_MEM
             dur[i] = eng.mem_time(nd.attrs.get("tensor_size") or 0)
-        deps = nd.data_deps
-        if nd.ctrl_deps:
-            deps = list(dict.fromkeys([*deps, *nd.ctrl_deps]))
-        elif len(deps) > 1:
-            deps = list(dict.fromkeys(deps))
-        for dep in deps:
-            j = idx.get(dep)
-            if j is None:
-                raise WorkloadError(f"NPU {npu}: node {nd.id} ({nd.name!r}) depends on "
-                                    f"unknown node {dep}")
-            children[j].append(i)
-        pending[i] = len(deps)
+        _wire_deps(npu, i, nd, idx, children, pending)
 
     push, pop = heapq.heappush, heapq.heappop
     lifo = eng._lifo

@@ -90,7 +90,7 @@ def _interp_table(keys: list[int], vals: list[float], upto: int) -> np.ndarray:
 class _Axis:
     """A sorted grid axis with linear bracketing (clamped below, extrapolated above)."""
 
-    __slots__ = ("vals", "n")
+    __slots__ = ("n", "vals")
 
     def __init__(self, vals) -> None:
         self.vals = sorted(vals)
