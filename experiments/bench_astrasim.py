@@ -25,9 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "astra-sim"))
-
 from astrasim import Engine, GraphBuilder, Network, SystemConfig, write_workload
 
 SYSTEM = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
@@ -89,7 +86,7 @@ def bench_one(topo: str, tp: int, args, tmp: Path) -> tuple[int, float, float, f
         [sys.executable, "-m", "astrasim", f"--network-configuration={net_yml}",
          f"--system-configuration={sys_json}", "--interactive"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, bufsize=1, cwd=ROOT / "astra-sim")
+        text=True, bufsize=1)
     read_until_waiting(proc)
     # a different graph every iteration (as a serving simulator sends), so the process's
     # parse cache never hits; graphs are built outside the timed loop, files written inside

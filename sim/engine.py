@@ -437,7 +437,8 @@ class Simulator:
                 t_next = pending[0][0]
             if t_next is None:
                 raise RuntimeError("simulation stalled: requests remain but nothing can run")
-            now = max(now, t_next)
+            if t_next > now:
+                now = t_next
             if max_time is not None and now > max_time:
                 break
             # 2. Route arrivals.

@@ -99,7 +99,8 @@ class Scheduler:
             n = req.num_tokens - req.num_computed
             if threshold and n > threshold:
                 n = threshold
-            n = min(n, budget)
+            if n > budget:
+                n = budget
             if n <= 0:
                 i += 1
                 continue
@@ -142,7 +143,8 @@ class Scheduler:
                     n = threshold
                 if not self.chunked and n > budget:
                     break
-                n = min(n, budget)
+                if n > budget:
+                    n = budget
                 if self.reserve_full and not kv.can_admit(req, hit, True, n):
                     break
                 lower_tokens = lower * kv.block_size
@@ -177,8 +179,10 @@ class Scheduler:
                 n_dec += 1
                 k = req.num_computed
                 kv_sum += k
-                kv_max = max(kv_max, k)
-                kv_min = min(kv_min, k)
+                if k > kv_max:
+                    kv_max = k
+                if k < kv_min:
+                    kv_min = k
             else:
                 prefill_tokens += n
                 prefill_kv += req.num_computed
@@ -205,7 +209,8 @@ class Scheduler:
                 else:
                     gap = now - req.last_token_ns
                     itl_sink.append(gap)
-                    req.itl_max_ns = max(req.itl_max_ns, gap)
+                    if gap > req.itl_max_ns:
+                        req.itl_max_ns = gap
                 req.last_token_ns = now
                 req.num_output += 1
                 if req.num_output >= req.output_len:

@@ -13,7 +13,7 @@ from sim.model import BLOCK_SEQUENCES, HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, 
 
 torch = pytest.importorskip("torch")
 
-from sim.profiler import ProfileGrid, profile_bundle
+from sim.profiler import ProfileGrid, profile_bundle  # noqa: E402 - needs torch first
 
 TINY_LLAMA = ModelSpec(name="test-org/Tiny-Llama", architecture="llama", hidden_size=256,
                        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,

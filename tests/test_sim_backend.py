@@ -127,3 +127,18 @@ def test_subprocess_backend_survives_a_killed_astra_sim_process():
         assert again.requests_table().equals(first.requests_table())
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("model,provider", [("meta-llama/Llama-3.1-8B", "roofline"),
+                                            ("Qwen/Qwen3-30B-A3B-Instruct-2507", "roofline"),
+                                            ("meta-llama/Llama-3.1-8B", "measured")])
+def test_provider_fast_path_equals_the_sum_of_its_layers(model, provider):
+    if provider == "measured" and not (shared_data_root() / "profiles" / "RTX4090").is_dir():
+        pytest.skip("../shared/data profiles are not present")
+    hw = "RTX4090" if provider == "measured" else "H100-SXM"
+    mem = 24 if provider == "measured" else 80
+    s = sim.Simulator(_cluster(1, 1, model=model, hw=hw, mem=mem),
+                      sim.SimOptions(latency_provider=provider))
+    prov = s.instances[0].provider
+    for shape in _shapes(40, seed=7):
+        assert prov.iteration_ns(shape) == prov.layer_times(shape).total_ns()

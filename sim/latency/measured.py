@@ -176,14 +176,17 @@ class MeasuredProvider:
         self._seq = {name: table(by_seq[name], max_seqs).tolist() for name in HEAD_PER_SEQUENCE}
         self._grid_tokens = min(self._dense_max[n] for n in self._dense)
         self._grid_seqs = min(self._seq_max.values())
-        # Whole-iteration sums for the single-NPU fast path: every dense layer of every
-        # block plus the prologue and head, and both per-sequence layers.
+        # Whole-iteration sums for the single-NPU fast path, of the same per-layer integer
+        # nanoseconds layer_times reports, so iteration_ns == layer_times(...).total_ns().
+        def ints(name: str, table: dict) -> np.ndarray:
+            return np.maximum(1, np.asarray(table[name]).astype(np.int64))
+
         n_blocks = self.model.num_hidden_layers
-        dense_total = sum(np.asarray(self._dense[n]) for n in dense_needed) * n_blocks
+        dense_total = sum(ints(n, self._dense) for n in dense_needed) * n_blocks
         for n in (*PROLOGUE, *HEAD_DENSE):
-            dense_total = dense_total + np.asarray(self._dense[n])
+            dense_total = dense_total + ints(n, self._dense)
         self._dense_total = dense_total.tolist()
-        self._seq_total = sum(np.asarray(self._seq[n]) for n in HEAD_PER_SEQUENCE).tolist()
+        self._seq_total = sum(ints(n, self._seq) for n in HEAD_PER_SEQUENCE).tolist()
 
     def _build_attention(self, path: Path) -> None:
         rows = _read_csv(path, ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"))
@@ -324,25 +327,19 @@ class MeasuredProvider:
         return LayerTimes(prologue, tuple(block), head, self.model.num_hidden_layers)
 
     def iteration_ns(self, shape: BatchShape) -> int:
-        """Whole-iteration compute time on one NPU (the tp=1, pp=1 fast path)."""
+        """Whole-iteration compute time on one NPU: ``layer_times(shape).total_ns()``,
+        from pre-summed tables (the tp=1, pp=1 fast path)."""
         t, s = shape.num_tokens, shape.num_seqs
-        if t < len(self._dense_total):
-            dense = self._dense_total[t]
-            if t > self._grid_tokens:
-                self._note("tokens")
-        else:
-            dense = self.layer_times(shape).total_ns()
-            return int(dense)
-        if s < len(self._seq_total):
-            seq = self._seq_total[s]
-            if s > self._grid_seqs:
-                self._note("sequences")
-        else:
-            seq = sum(self._seq_at(n, s) for n in HEAD_PER_SEQUENCE)
-        per_block = self.attention_ns(shape)
+        if t >= len(self._dense_total) or s >= len(self._seq_total):
+            return self.layer_times(shape).total_ns()
+        if t > self._grid_tokens:
+            self._note("tokens")
+        if s > self._grid_seqs:
+            self._note("sequences")
+        per_block = max(1, int(self.attention_ns(shape)))
         if self._moe is not None:
             per_block += self.moe_ns(t, self.expected_active_experts(t))
-        return int(dense + seq + per_block * self.model.num_hidden_layers)
+        return self._dense_total[t] + self._seq_total[s] + per_block * self.model.num_hidden_layers
 
     def expected_active_experts(self, tokens: int) -> int:
         """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly."""
