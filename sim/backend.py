@@ -41,6 +41,9 @@ class SystemBackend(Protocol):
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int: ...
 
+    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+                   name: str = "graph") -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -94,8 +97,11 @@ def decomposed_iteration_ns(run, inst, lt: LayerTimes, act: int, load_bytes: int
     return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
 
 
-def _config_key(inst) -> str:
-    return json.dumps([inst.network, _memory(inst)], sort_keys=True)
+_NO_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
+
+
+def _key(network: dict, memory: dict) -> str:
+    return json.dumps([network, memory], sort_keys=True)
 
 
 class AstraInprocBackend:
@@ -107,15 +113,23 @@ class AstraInprocBackend:
     def __init__(self) -> None:
         self._engines: dict[str, Engine] = {}
 
-    def _engine(self, inst) -> Engine:
-        key = _config_key(inst)
+    def _engine_for(self, network: dict, memory: dict) -> Engine:
+        key = _key(network, memory)
         eng = self._engines.get(key)
         if eng is None:
-            net = inst.network
-            eng = Engine(Network.from_dict(net), SystemConfig.from_dict(_system_for(net)),
-                         MemoryConfig.from_dict(_memory(inst)))
+            eng = Engine(Network.from_dict(network), SystemConfig.from_dict(_system_for(network)),
+                         MemoryConfig.from_dict(memory))
             self._engines[key] = eng
         return eng
+
+    def _engine(self, inst) -> Engine:
+        return self._engine_for(inst.network, _memory(inst))
+
+    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+                   name: str = "graph") -> int:
+        """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
+        engine = self._engine_for(network, memory or _NO_MEMORY)
+        return max(r.cycles for r in engine.run(graphs).values())
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
         if inst.tp == 1 and inst.pp == 1 and not load_bytes:
@@ -124,12 +138,10 @@ class AstraInprocBackend:
             fast = getattr(inst.provider, "iteration_ns", None)
             return fast(shape) if fast else inst.provider.layer_times(shape).total_ns()
         lt = inst.provider.layer_times(shape)
-        engine = self._engine(inst)
-
-        def run(graphs, _name):
-            return max(r.cycles for r in engine.run(graphs).values())
-
-        return decomposed_iteration_ns(run, inst, lt, _act_bytes(inst, shape), load_bytes)
+        memory = _memory(inst)
+        return decomposed_iteration_ns(
+            lambda graphs, name: self.run_graphs(inst.network, graphs, memory, name),
+            inst, lt, _act_bytes(inst, shape), load_bytes)
 
     def close(self) -> None:
         self._engines.clear()
@@ -160,17 +172,16 @@ class AstraSubprocessBackend:
             return [self.binary, *args]
         return [sys.executable, "-m", "astrasim", *args, "--interactive"]
 
-    def _proc(self, inst) -> tuple[subprocess.Popen, Path]:
-        key = _config_key(inst)
+    def _proc(self, network: dict, memory: dict) -> tuple[subprocess.Popen, Path]:
+        key = _key(network, memory)
         entry = self._procs.get(key)
         if entry is not None and entry[0].poll() is None:
             return entry
         folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
-        net = inst.network
-        (folder / "network.yml").write_text(yaml.safe_dump(net, default_flow_style=None))
-        (folder / "system.json").write_text(json.dumps(_system_for(net)))
-        (folder / "memory.json").write_text(json.dumps(_memory(inst)))
+        (folder / "network.yml").write_text(yaml.safe_dump(network, default_flow_style=None))
+        (folder / "system.json").write_text(json.dumps(_system_for(network)))
+        (folder / "memory.json").write_text(json.dumps(memory))
         proc = subprocess.Popen(self._command(folder), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -193,9 +204,12 @@ class AstraSubprocessBackend:
             if "Waiting" in line:
                 return cycles
 
-    def _run(self, inst, graphs, name: str) -> int:
+    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+                   name: str = "graph") -> int:
+        """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
+        memory = memory or _NO_MEMORY
         for attempt in (1, 2):
-            proc, folder = self._proc(inst)
+            proc, folder = self._proc(network, memory)
             prefix = folder / name
             write_workload(prefix, graphs)
             try:
@@ -215,8 +229,10 @@ class AstraSubprocessBackend:
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
         lt = inst.provider.layer_times(shape)
-        return decomposed_iteration_ns(lambda graphs, name: self._run(inst, graphs, name), inst,
-                                       lt, _act_bytes(inst, shape), load_bytes)
+        memory = _memory(inst)
+        return decomposed_iteration_ns(
+            lambda graphs, name: self.run_graphs(inst.network, graphs, memory, name),
+            inst, lt, _act_bytes(inst, shape), load_bytes)
 
     def close(self) -> None:
         for proc, _ in self._procs.values():

@@ -13,6 +13,8 @@ import heapq
 import time
 from dataclasses import dataclass
 
+from astrasim import GraphBuilder
+
 from sim.backend import SystemBackend, instance_network, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
@@ -259,16 +261,23 @@ def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple
     return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
 
 
-def kv_transfer_ns(cluster: ClusterConfig, src: InstanceRuntime, dst: InstanceRuntime,
-                   tokens: int) -> tuple[int, int]:
+def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
+                   dst: InstanceRuntime, tokens: int) -> tuple[int, int]:
     """(ns, bytes) to move ``tokens`` tokens of KV from a prefill to a decode instance.
 
-    Each of the source's tp ranks sends its shard over its own link, in parallel, so the
-    time is one shard's bytes over one link plus the link latency.
+    Each of the source's tp ranks sends its shard over its own link, in parallel: the
+    backend simulates one rank's SEND of its shard to its decode-side peer (a RECV) over the
+    link between the two instances.
     """
     shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
     bw, lat = _link(cluster, src.config, dst.config)
-    return int(lat + shard / (bw * (1 << 30) / 1e9)), shard * src.tp * src.pp
+    network = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [bw],
+               "latency": [lat]}
+    send, recv = GraphBuilder(0), GraphBuilder(1)
+    send.send(1, shard, tag=1, name="kv_send")
+    recv.recv(0, shard, tag=1, name="kv_recv")
+    t = backend.run_graphs(network, {0: send.build(), 1: recv.build()}, name="kv_transfer")
+    return t, shard * src.tp * src.pp
 
 
 def _build_tiers(cluster: ClusterConfig, opts: SimOptions,
@@ -353,6 +362,7 @@ class Simulator:
         self.cluster = cluster
         self.opts = opts
         self.instances = build_instances(cluster, opts)
+        self._a2a_cache: dict[tuple, int] = {}
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
@@ -490,7 +500,7 @@ class Simulator:
                     if inst.scheduler.admitted_transfers:
                         for req in inst.scheduler.admitted_transfers:
                             src = self.instances[req.prefill_instance]
-                            t, nbytes = kv_transfer_ns(self.cluster, src, inst,
+                            t, nbytes = kv_transfer_ns(backend, self.cluster, src, inst,
                                                        req.num_tokens - 1)
                             req.ready_ns = now + t
                             req.kv_transfer_ns = t
@@ -614,9 +624,25 @@ class Simulator:
         # All-to-all: each member sends the (ep-1)/ep of its tokens' top-k activations that
         # live on other ranks, in parallel over its own link.
         bw, lat = _link(self.cluster, members[0].config, members[-1].config)
-        a2a_bytes = max_tokens * k * model.hidden_size * model.dtype_bytes * (ep - 1) / ep
-        a2a = int(lat + a2a_bytes / (bw * (1 << 30) / 1e9)) if ep > 1 else 0
+        a2a = self._all_to_all_ns(ep, max_tokens * k * model.hidden_size * model.dtype_bytes,
+                                  bw, lat) if ep > 1 else 0
         return int(non_moe + layers * (moe + 2 * a2a))
+
+    def _all_to_all_ns(self, ep: int, size: int, bw: float, lat: float) -> int:
+        """One expert-parallel all-to-all of ``size`` bytes per rank, simulated by the
+        backend on the EP ranks' network (memoised by size: decode steps repeat it)."""
+        key = (ep, size, bw, lat)
+        t = self._a2a_cache.get(key)
+        if t is None:
+            network = {"topology": ["FullyConnected"], "npus_count": [ep], "bandwidth": [bw],
+                       "latency": [lat]}
+            graphs = {}
+            for r in range(ep):
+                b = GraphBuilder(r)
+                b.all_to_all(size, involved_dim=[True], name="ep_all_to_all")
+                graphs[r] = b.build()
+            t = self._a2a_cache[key] = self.backend.run_graphs(network, graphs, name="a2a")
+        return t
 
     def describe(self) -> dict:
         kinds = sorted({i.provider.kind for i in self.instances})
