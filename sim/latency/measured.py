@@ -10,7 +10,9 @@ Lookup rules (all tables are built once, at construction):
   block's dense layers are pre-summed into one array indexed by token count, so a
   lookup is a list index.
 - attention: multilinear over the 4-D grid; ``kv_decode`` is the batch's mean decode KV
-  (a uniform batch at the mean reads the same total KV).
+  (a uniform batch at the mean reads the same total KV). Where meta.yaml enables a skew fit
+  (``skew_fit.csv``), batches with unequal decode lengths are corrected towards the lookup
+  at the longest KV by the measured per-bucket alpha.
 - moe: bilinear over (tokens, activated_experts).
 Queries above the grid extrapolate linearly from the last two points and are counted
 and reported (``extrapolations()``); a missing layer is an error, never zero.
@@ -136,6 +138,7 @@ class MeasuredProvider:
         self._build_dense(tp_dir, max_tokens, max_seqs)
         self._build_attention(tp_dir / "attention.csv")
         self._moe = self._build_moe(tp_dir) if model.is_moe else None
+        self._skew = self._build_skew(tp)
 
     # ------------------------------------------------------------------ construction
     def _build_dense(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> None:
@@ -211,6 +214,58 @@ class MeasuredProvider:
         self._attn_pairs = list(self._attn)
         self._attn_path = path
 
+    def _build_skew(self, tp: int):
+        """The bundle's skew fit, when meta.yaml enables one for this tp: a per-bucket alpha
+        table (tp<N>/skew_fit.csv) and its bucket edges, plus the pooled default alpha."""
+        fit = self.meta.get("skew_fit") or {}
+        if not fit.get("enabled"):
+            return None
+        entry = (fit.get("per_tp") or {}).get(tp) or (fit.get("per_tp") or {}).get(str(tp))
+        if not entry:
+            return None
+        axes = fit.get("bucket_axes") or {}
+        needed = ("n_bins", "n_labels", "skew_rate_bins", "skew_rate_labels", "kv_big_bins",
+                  "kv_big_labels", "kp_bins", "kp_labels")
+        missing = [k for k in needed if k not in axes]
+        if missing:
+            raise InputError(f"skew_fit.bucket_axes is missing {missing}",
+                             source=str(self.root / "meta.yaml"))
+        table: dict[tuple, float] = {}
+        pcs: set[int] = set()
+        rel = entry.get("bucket_table")
+        if rel:
+            path = self.root / rel
+            for r in _read_csv(path, ("pc", "alpha")):
+                pc = int(float(r["pc"]))
+                pcs.add(pc)
+                table[(pc, r["n_label"], r["skew_rate_label"], r["kv_big_label"],
+                       r["kp_label"])] = float(r["alpha"])
+        return {"axes": axes, "table": table, "pcs": sorted(pcs) or [0],
+                "default": float(entry.get("alpha_default", 0.0))}
+
+    @staticmethod
+    def _label(bins, labels, v) -> str:
+        """The bucket of ``v``; buckets are (bins[i], bins[i+1]], inclusive on the right."""
+        for i, label in enumerate(labels):
+            if v <= bins[i + 1]:
+                return label
+        return labels[-1]
+
+    def _skew_alpha(self, shape: BatchShape, kv_mean: int) -> float:
+        """The measured correction for a batch whose decode KV lengths differ: attention
+        costs t_mean + alpha * (t_max - t_mean), with alpha looked up by (prefill chunk,
+        decode count, skew rate, longest KV, prefill KV); the pooled alpha otherwise."""
+        sk = self._skew
+        ax = sk["axes"]
+        gap = shape.decode_kv_max - shape.decode_kv_min
+        rate = (kv_mean - shape.decode_kv_min) / gap if gap > 0 else 0.5
+        pc = min(sk["pcs"], key=lambda p: abs(p - shape.prefill_tokens))
+        key = (pc, self._label(ax["n_bins"], ax["n_labels"], shape.num_decode),
+               self._label(ax["skew_rate_bins"], ax["skew_rate_labels"], min(1.0, max(0.0, rate))),
+               self._label(ax["kv_big_bins"], ax["kv_big_labels"], shape.decode_kv_max),
+               self._label(ax["kp_bins"], ax["kp_labels"], shape.prefill_kv))
+        return sk["table"].get(key, sk["default"])
+
     def _build_moe(self, tp_dir: Path):
         path = tp_dir / "moe.csv"
         if not path.is_file():
@@ -256,8 +311,21 @@ class MeasuredProvider:
         return v_lo + t * (self._line(kd_axis, vals, kd) - v_lo)
 
     def attention_ns(self, shape: BatchShape) -> float:
-        pc, kp, nd = shape.prefill_tokens, shape.prefill_kv, shape.num_decode
+        """Attention at the batch's mean decode KV, skew-corrected where the bundle has a
+        skew fit and the decode lengths differ."""
+        nd = shape.num_decode
         kd = shape.decode_kv_sum // nd if nd else 0
+        t_mean = self._attention_at(shape, kd)
+        if self._skew is None or nd < 2 or shape.decode_kv_max == kd:
+            return t_mean
+        alpha = self._skew_alpha(shape, kd)
+        if alpha == 0.0:
+            return t_mean
+        t_max = self._attention_at(shape, shape.decode_kv_max)
+        return t_mean + alpha * (t_max - t_mean) if t_max > t_mean else t_mean
+
+    def _attention_at(self, shape: BatchShape, kd: int) -> float:
+        pc, kp, nd = shape.prefill_tokens, shape.prefill_kv, shape.num_decode
         plo, phi, pt, pex = self._pc_axis.bracket(pc)
         nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
         if pex:
