@@ -49,6 +49,7 @@ Run: ``.venv/bin/python experiments/paper_fig10_scaling.py`` (about 2-3 minutes 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import statistics
 import sys
@@ -213,8 +214,8 @@ def fmt_s(x: float | None, limit: float) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=float, default=20.0,
-                    help="per-point wall-time cap of the full path, seconds (default 20)")
+    ap.add_argument("--limit", type=float, default=15.0,
+                    help="per-point wall-time cap of the full path, seconds (default 15)")
     ap.add_argument("--max-npus", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--models", nargs="*", default=list(MODELS))
@@ -265,22 +266,44 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t_start
 
     print(f"\n(total wall time {wall:.0f} s)")
+    # growth of the full path: log-log slope over the last doublings it completed
+    slopes = []
+    for model in args.models:
+        pts = [(n, a) for m, n, a, *_ in results if m == model and a is not None and n >= 128]
+        if len(pts) >= 2:
+            (n0, a0), (n1, a1) = pts[0], pts[-1]
+            slopes.append((model, n0, n1, math.log(a1 / a0) / math.log(n1 / n0)))
+    if slopes:
+        print("Full-path growth, wall ~ N^k for N >= 128: " + ", ".join(
+            f"{m} k={k:.2f} ({n0}-{n1})" for m, n0, n1, k in slopes))
     big = [r for r in results if r[0] == "GPT3-175B" and r[1] == max(npus)]
     if big:
         _, n, a, b, c, _ = big[0]
         paper = PAPER_HOURS_175B_2048 * 3600
-        a_txt = (f"the full per-NPU simulation takes {a:.1f} s "
-                 f"({paper / a:,.0f}x less than the paper's)" if a is not None else
-                 f"the full per-NPU simulation exceeds the {args.limit:.0f} s cap")
-        print(f"Paper (Sec. VI-E, Fig. 10): simulation time grows about in proportion to the "
-              f"NPU count, up to {PAPER_HOURS_175B_2048} h ({paper:,.0f} s) for GPT-3 175B on "
-              f"2048 NPUs (compilation and hardware simulation of the NPUs included, no "
-              f"reuse). Here, for GPT-3 175B on {n} NPUs, {a_txt}; identical graphs simulated "
-              f"once take {b * 1e3:.1f} ms and layer-block reuse {c * 1e3:.1f} ms "
-              f"({paper / c:,.0f}x less than the paper). Our per-layer times come from a "
-              f"closed-form roofline rather than a compiler plus cycle-level NPU simulator, "
-              f"so the comparable part of the paper's time is its graph-converter and "
-              f"ASTRA-Sim share; the full path shows the same roughly linear growth in N.")
+        done = [r for r in results if r[0] == "GPT3-175B" and r[2] is not None]
+        if a is not None:
+            a_txt = f"the full per-NPU simulation takes {a:.1f} s ({paper / a:,.0f}x less)"
+        elif done:
+            _, n_d, a_d, *_ = done[-1]
+            a_txt = (f"the full per-NPU simulation exceeds the {args.limit:.0f} s cap "
+                     f"({a_d:.1f} s at {n_d} NPUs)")
+        else:
+            a_txt = f"the full per-NPU simulation exceeds the {args.limit:.0f} s cap"
+        grow = ""
+        if slopes:
+            ks = [k for *_, k in slopes]
+            grow = (f" The paper's time grows about linearly in N; our full path grows as "
+                    f"N^{min(ks):.1f}-N^{max(ks):.1f} at large N" +
+                    (" (superlinear: see the report on the engine's collective matching)"
+                     if max(ks) > 1.3 else "") + ", while the fast paths stay at milliseconds.")
+        print(f"Paper (Sec. VI-E, Fig. 10): up to {PAPER_HOURS_175B_2048} h ({paper:,.0f} s) "
+              f"for GPT-3 175B on 2048 NPUs, compilation and cycle-level NPU simulation "
+              f"included, no reuse. Here, for GPT-3 175B on {n} NPUs, {a_txt}; identical "
+              f"graphs simulated once take {b * 1e3:.1f} ms and layer-block reuse "
+              f"{c * 1e3:.1f} ms ({paper / c:,.0f}x less than the paper). Our per-layer times "
+              f"come from a closed-form roofline, not a compiler plus a cycle-level NPU "
+              f"simulator, so only the paper's graph-converter and ASTRA-Sim share is "
+              f"comparable to these numbers.{grow}")
     return 0
 
 

@@ -229,26 +229,75 @@ def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, o
     return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
 
 
+def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
+    """Graphs of ``layers`` decoder layers with decode attention on PIM (NPU 0 the
+    accelerator, NPU 1 the PIM devices). Each sub-batch (pre-attention NPU ns, PIM ns,
+    post-attention NPU ns, q bytes) is a chain: pre -> SEND q -> PIM compute -> SEND out
+    -> post -> next layer's pre. Sub-batches are independent chains, so with two of them
+    one's NPU work overlaps the other's PIM attention (NeuPIMs); each device still runs
+    one computation at a time."""
+    npu, pim = GraphBuilder(0), GraphBuilder(1)
+    last = [None] * len(subs)
+    tag = 0
+    for _layer in range(layers):
+        for s, (pre, att, post, qb) in enumerate(subs):
+            deps = [] if last[s] is None else [last[s]]
+            a = npu.comp(max(1, pre), deps=deps, name="npu_pre_attention")
+            npu.send(1, qb, tag=tag + 1, deps=[a], name="q_to_pim")
+            r = pim.recv(0, qb, tag=tag + 1, deps=[], name="q_at_pim")
+            c = pim.comp(max(1, att), deps=[r], name="pim_attention")
+            pim.send(0, qb, tag=tag + 2, deps=[c], name="out_from_pim")
+            o = npu.recv(1, qb, tag=tag + 2, deps=[], name="out_at_npu")
+            last[s] = npu.comp(max(1, post), deps=[o], name="npu_post_attention")
+            tag += 2
+    return {0: npu.build(), 1: pim.build()}
+
+
 def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interleave: bool) -> int:
-    """An iteration with decode attention on PIM. The NPU runs every dense layer and the
-    prefill attention; PIM runs the decode attention (plus moving q in and the output out).
-    Without interleaving the two alternate every layer. With sub-batch interleaving the batch
-    splits into two halves whose NPU work and PIM attention overlap, so a layer costs about
-    twice the larger of the halves' NPU and PIM times."""
+    """An iteration with decode attention offloaded to PIM, timed by the system backend.
+
+    The NPU runs every dense layer and the prefill attention (its time comes from the
+    backend for the batch without decodes, TP communication included); PIM runs the decode
+    attention; q and the attention output cross the NPU-PIM link as SEND/RECV. With
+    sub-batch interleaving the batch splits into two halves that pipeline through NPU and
+    PIM. Layers repeat, so two layers are simulated and the rest extrapolated from the
+    steady-state difference (layer-block reuse)."""
     layers = inst.model.num_hidden_layers
-    npu_shape = BatchShape(shape.num_tokens, shape.num_seqs, shape.prefill_tokens,
-                           shape.prefill_kv, 0, 0, 0, 0)
-    if not interleave or shape.num_decode < 2:
-        npu = backend.iteration_ns(inst, npu_shape)
-        pim = inst.pim.layer_ns(shape.num_decode, shape.decode_kv_sum, shape.decode_kv_max)
-        return int(npu + layers * pim)
-    half = BatchShape(max(1, shape.num_tokens // 2), max(1, shape.num_seqs // 2),
-                      shape.prefill_tokens // 2, shape.prefill_kv // 2, 0, 0, 0, 0)
-    npu_half = backend.iteration_ns(inst, half)
-    pim_half = inst.pim.layer_ns(shape.num_decode // 2, shape.decode_kv_sum // 2,
-                                 shape.decode_kv_max)
-    per_layer_npu = npu_half / layers
-    return int(2 * max(npu_half, layers * pim_half) + min(per_layer_npu, pim_half))
+    pim = inst.pim
+    network = {"topology": ["FullyConnected"], "npus_count": [2],
+               "bandwidth": [pim.link_bw_GBps], "latency": [pim.link_latency_ns]}
+
+    def sub_batch(part: BatchShape, nd: int, kv_sum: int, kv_max: int):
+        npu_shape = BatchShape(part.num_tokens, part.num_seqs, part.prefill_tokens,
+                               part.prefill_kv, 0, 0, 0, 0)
+        total = backend.iteration_ns(inst, npu_shape)
+        lt = inst.provider.layer_times(npu_shape)
+        ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
+        per_layer = max(0, total - ends) / layers
+        names = [n for n, _ in lt.block]
+        cut = names.index("attention") + 1 if "attention" in names else 0
+        block = sum(t for _, t in lt.block) or 1
+        pre = per_layer * sum(t for _, t in lt.block[:cut]) / block
+        return ends, (int(pre), pim.attention_ns(nd, kv_sum, kv_max),
+                      int(per_layer - pre), pim.q_bytes(nd))
+
+    if interleave and shape.num_decode >= 2:
+        nd_a = shape.num_decode // 2
+        half = BatchShape(max(1, shape.num_tokens // 2), max(1, shape.num_seqs // 2),
+                          shape.prefill_tokens // 2, shape.prefill_kv // 2, 0, 0, 0, 0)
+        ends, a = sub_batch(half, nd_a, shape.decode_kv_sum // 2, shape.decode_kv_max)
+        _, b = sub_batch(half, shape.num_decode - nd_a, shape.decode_kv_sum - shape.decode_kv_sum // 2,
+                         shape.decode_kv_max)
+        subs = [a, b]
+    else:
+        ends, one = sub_batch(shape, shape.num_decode, shape.decode_kv_sum, shape.decode_kv_max)
+        subs = [one]
+    t1 = backend.run_graphs(network, _pim_layers_graph(1, subs), name="pim1")
+    if layers == 1:
+        return ends + t1
+    t2 = backend.run_graphs(network, _pim_layers_graph(2, subs), name="pim2")
+    return int(ends + t1 + (layers - 1) * (t2 - t1))
+
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
     """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of

@@ -193,14 +193,21 @@ class PimAttention:
     def capacity_GiB(self) -> float:
         return self.device.capacity_GiB * self.channels / self.device.channels
 
-    def layer_ns(self, num_decode: int, kv_sum: int, kv_max: int) -> float:
-        """One layer's decode attention on PIM, plus moving q in and the output back."""
+    def attention_ns(self, num_decode: int, kv_sum: int, kv_max: int) -> int:
+        """One layer's decode attention on the PIM units (score and attend GEMVs)."""
         if num_decode == 0:
-            return 0.0
+            return 0
         dev = self.device
         total = kv_sum * self.kv_bytes_per_token_layer
         longest = kv_max * self.kv_bytes_per_token_layer
         per_req_channels = min(self.channels, self.model.num_key_value_heads)
-        pim = max(dev.stream_ns(total, self.channels), dev.stream_ns(longest, per_req_channels))
-        q_and_out = 2 * num_decode * self.model.q_size * self.model.dtype_bytes
-        return pim + self.link_latency_ns + q_and_out / self.link_bytes_per_ns
+        return int(max(dev.stream_ns(total, self.channels),
+                       dev.stream_ns(longest, per_req_channels)))
+
+    def q_bytes(self, num_decode: int) -> int:
+        """Bytes of the decode queries sent to PIM (and of the outputs sent back)."""
+        return num_decode * self.model.q_size * self.model.dtype_bytes
+
+    @property
+    def link_bw_GBps(self) -> float:
+        return self.link_bytes_per_ns * 1e9 / (1 << 30)

@@ -146,6 +146,8 @@ class Engine:
 
 class _Sim:
     __slots__ = (
+        "_group_ids",
+        "_group_sizes",
         "busy",
         "children",
         "coll_count",
@@ -173,6 +175,8 @@ class _Sim:
         self.eng = eng
         self.graphs = graphs
         self.present = set(graphs)
+        self._group_ids: dict[tuple, int] = {}
+        self._group_sizes: list[int] = []
         self.heap: list = []
         self.seq = 0
         self.coll_wait: dict = {}
@@ -292,7 +296,13 @@ class _Sim:
         except ValueError as e:
             raise WorkloadError(f"NPU {npu}: node {nd.id} ({nd.name!r}): {e}") from None
         group = self.eng._group(npu, inv)
-        parts = tuple(p for p in group if p in self.present)
+        # The participants present in this run, interned per group: a small id keys the
+        # bookkeeping, so starting a collective costs O(1), not O(group size).
+        gid = self._group_ids.get(group)
+        if gid is None:
+            gid = self._group_ids[group] = len(self._group_sizes)
+            self._group_sizes.append(sum(1 for p in group if p in self.present))
+        parts = gid
         tag = a.get("comm_tag", 0)
         ck = (npu, parts, tag)
         occ = self.coll_count.get(ck, 0)
@@ -302,7 +312,7 @@ class _Sim:
         if w is None:
             w = self.coll_wait[key] = []
         w.append((npu, i, T))
-        if len(w) == len(parts):
+        if len(w) == self._group_sizes[gid]:
             T = max(x[2] for x in w)
             for p, j, _ in w:
                 self._push(t + T, p, j)
