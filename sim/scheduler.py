@@ -156,11 +156,14 @@ class Scheduler:
                     tier_bytes += lower * self.tier_block_bytes
                     kv.lower_hit_tokens += lower_tokens
                 if req.first_scheduled_ns < 0:
+                    # The per-request column: the prefix its first admission found cached.
                     req.first_scheduled_ns = now
                     req.prefix_hit = hit_tokens + lower_tokens
                     req.lower_hit = lower_tokens
-                    kv.hit_tokens += hit_tokens + lower_tokens
-                    kv.queried_tokens += req.input_len
+                # The summary counts hits at every admission, re-admissions after preemption
+                # included (as vLLM's prefix-cache hit rate does).
+                kv.hit_tokens += hit_tokens + lower_tokens
+                kv.queried_tokens += req.num_tokens
                 req.status = RUNNING
                 running.append(req)
                 reqs.append(req)

@@ -198,7 +198,13 @@ def test_invariants_hold_on_random_workloads(bundle_root, scenario):
     floor = sum(n_in + n_out - 1 for _, n_in, n_out, _ in reqs) - int(t.prefix_hit_tokens.sum())
     if result.summary["preemptions"] == 0:
         assert trace.tokens == floor
+        assert result.summary["prefix_hit_tokens"] == int(t.prefix_hit_tokens.sum())
     else:
+        # A re-admitted request may find part of its own earlier work cached: every hit,
+        # re-admissions included, is in the summary.
+        all_hits = result.summary["prefix_hit_tokens"]
+        assert all_hits >= int(t.prefix_hit_tokens.sum())
+        floor = sum(n_in + n_out - 1 for _, n_in, n_out, _ in reqs) - all_hits
         assert trace.tokens >= floor
     assert trace.decode_tokens <= sum(r[2] - 1 for r in reqs) + trace.tokens - floor
     assert (t.prefix_hit_tokens <= t.input_tokens - 1).all()
