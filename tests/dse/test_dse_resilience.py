@@ -75,14 +75,18 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     after = _trials(out)
     complete = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(complete) == n
-    # interrupted trials are failed and their parameters re-run exactly once
+    # interrupted trials are failed and their parameters re-run at most once, as many as
+    # the remaining budget of n trials allows (a trial may complete in the instant before
+    # the kill, leaving fewer slots than interrupted trials)
+    slots = n - complete_before
     for num, params in interrupted.items():
         assert after[num].state == TrialState.FAIL
         reruns = [t for t in complete if t.user_attrs.get("requeued_from") == num]
-        assert len(reruns) == 1 and reruns[0].params == params
+        assert len(reruns) <= 1 and all(r.params == params for r in reruns)
     # nothing that finished before the kill was run again
     requeued = [t.user_attrs["requeued_from"] for t in complete if "requeued_from" in t.user_attrs]
-    assert sorted(requeued) == sorted(interrupted)
+    assert len(requeued) == len(set(requeued)) == min(len(interrupted), slots)
+    assert set(requeued) <= set(interrupted)
 
     import json
 
