@@ -124,10 +124,14 @@ def _check_value(name: str, v: Any, where: str) -> Any:
         if v < lo:
             raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
         return v
+    if name == "pim_mode" and v is False:
+        v = "off"  # YAML reads a bare `off` as false
     if not isinstance(v, str):
         raise InputError(f"{where}: {name} takes strings, got {v!r}")
     if name == "prefix_tier" and v not in PREFIX_TIERS:
         raise InputError(f"{where}: unknown prefix_tier {v!r}; allowed: {_allowed(PREFIX_TIERS)}")
+    if name == "pim_mode" and v == "none":
+        v = "off"  # "none" and "off" both mean no PIM offload
     if name == "pim_mode" and v not in PIM_MODES:
         raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
     if name == "pd_ratio":
