@@ -82,7 +82,10 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     for num, params in interrupted.items():
         assert after[num].state == TrialState.FAIL
         reruns = [t for t in complete if t.user_attrs.get("requeued_from") == num]
-        assert len(reruns) <= 1 and all(r.params == params for r in reruns)
+        # (a kill between ask and the last suggest leaves partial parameters: those are kept
+        # and the rest drawn anew)
+        assert len(reruns) <= 1
+        assert all(r.params.items() >= params.items() for r in reruns)
     # nothing that finished before the kill was run again
     requeued = [t.user_attrs["requeued_from"] for t in complete if "requeued_from" in t.user_attrs]
     assert len(requeued) == len(set(requeued)) == min(len(interrupted), slots)
