@@ -79,13 +79,14 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     # the remaining budget of n trials allows (a trial may complete in the instant before
     # the kill, leaving fewer slots than interrupted trials)
     slots = n - complete_before
+    dump = [(t.number, t.state.name, t.params, dict(t.user_attrs)) for t in after]
     for num, params in interrupted.items():
-        assert after[num].state == TrialState.FAIL
+        assert after[num].state == TrialState.FAIL, (num, dump)
         reruns = [t for t in complete if t.user_attrs.get("requeued_from") == num]
         # (a kill between ask and the last suggest leaves partial parameters: those are kept
         # and the rest drawn anew)
-        assert len(reruns) <= 1
-        assert all(r.params.items() >= params.items() for r in reruns)
+        assert len(reruns) <= 1, (num, dump)
+        assert all(r.params.items() >= params.items() for r in reruns), (num, params, dump)
     # nothing that finished before the kill was run again
     requeued = [t.user_attrs["requeued_from"] for t in complete if "requeued_from" in t.user_attrs]
     assert len(requeued) == len(set(requeued)) == min(len(interrupted), slots)
