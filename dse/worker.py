@@ -47,7 +47,7 @@ def _backend(opts):
     backend: one long-lived astra-sim process per instance network)."""
     import sim
 
-    key = (opts.backend, opts.astra_sim_bin)
+    key = (opts.backend, opts.astra_sim_bin, opts.computation_reuse)
     if key not in _BACKENDS:
         _BACKENDS[key] = sim.make_backend(opts)
     return _BACKENDS[key]

@@ -12,6 +12,11 @@ cycles on the same input:
   per instance network, graphs written as Chakra .et files and LLMServingSim's text
   protocol. It can drive an upstream ASTRA-Sim binary given by path.
 
+Both share how an iteration is cut up (``decomposed_iteration_ns``): layer-block reuse (one
+decoder block simulated for all of them) and computation reuse (results of repeated
+iteration parts remembered, ``--no-computation-reuse`` turns it off). A one-NPU instance
+with nothing to load has no communication at all and is not sent to either.
+
 Each instance gets its own network: dimension 0 is its TP group, dimension 1 (when pp > 1)
 its pipeline, with the cluster's intra-node link bandwidth and latency.
 """
@@ -29,7 +34,8 @@ from pathlib import Path
 from typing import Protocol
 
 import yaml
-from astrasim import Engine, MemoryConfig, Network, SystemConfig, write_workload
+from astrasim import Engine, MemoryConfig, Network, SystemConfig
+from astrasim.et import LinkingWriter
 
 from sim.errors import InputError
 from sim.graph_generator import build_graphs, stage_transfer_graphs
@@ -80,21 +86,75 @@ def _act_bytes(inst, shape: BatchShape) -> int:
     return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
 
 
-def decomposed_iteration_ns(run, inst, lt: LayerTimes, act: int, load_bytes: int) -> int:
-    """An iteration from three small graphs instead of the whole one (layer-block reuse).
+ATTENTION = "attention"
+#: entries a backend's reuse cache holds before it starts over (a few MB)
+REUSE_CACHE_MAX = 1 << 17
+
+
+def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
+                            cache: dict | None = None) -> int:
+    """An iteration from a few small graphs instead of the whole one (layer-block reuse),
+    with their results reused across iterations (computation reuse).
 
     With one batch in flight every NPU's work is a dependency chain (stage by stage when
     pipelined), so the iteration takes the sum of its parts: the graph of one decoder block
-    (simulated once, standing for all ``num_blocks``), the prologue/head/KV-load graph, and
-    one pipeline-stage transfer per stage boundary. ``run(graphs, name)`` simulates a
-    graph set and returns its cycles."""
-    ndims = 2 if inst.pp > 1 else 1
-    t_block = run(build_graphs(LayerTimes((), lt.block, (), 1), inst.tp, 1, act, ndims=ndims),
-                  "block")
-    t_ends = run(build_graphs(LayerTimes(lt.prologue, (), lt.head, 0), inst.tp, 1, act,
-                              load_bytes, ndims=ndims), "ends")
-    t_hop = run(stage_transfer_graphs(inst.tp, act), "hop") if inst.pp > 1 else 0
-    return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
+    (simulated once, standing for all ``num_blocks``), the KV-load/prologue/head part, and
+    one pipeline-stage transfer per stage boundary.
+
+    Compute that every NPU runs for the same time inside such a chain adds to the chain's
+    time exactly: removing it from a node shifts every later event on every NPU by the
+    same amount. Following LLMServingSim, which simulates attention apart from the rest
+    because it is the one layer that depends on the KV lengths, the block is simulated
+    without attention, and the ends part without the prologue and head compute (they
+    depend on the token and sequence counts, and nothing overlaps them). Each part is then
+    a function of few inputs (the block: the token count's layer times and activation
+    size; the ends: the KV-load size; the hop: the activation size), and ``cache``
+    (key -> cycles) remembers it across iterations. An ends part with nothing to load is
+    an empty graph and takes no time.
+
+    ``run_many([(name, build), ...])`` simulates graph sets, each made by calling its
+    ``build()``, and returns their cycles."""
+    attention_ns = 0
+    rest = []
+    for layer in lt.block:
+        if layer[0] == ATTENTION:
+            attention_ns += layer[1]
+        else:
+            rest.append(layer)
+    keys = [("block", act, tuple(rest))]
+    if load_bytes:
+        keys.append(("ends", load_bytes))
+    if inst.pp > 1:
+        keys.append(("hop", act))
+    if cache is None:
+        cache = {}
+    misses = [k for k in keys if k not in cache]
+    if misses:
+        ndims = 2 if inst.pp > 1 else 1
+        jobs = []
+        for key in misses:
+            if key[0] == "block":
+                def graphs(rest=key[2]):
+                    return build_graphs(LayerTimes((), rest, (), 1), inst.tp, 1, act,
+                                        ndims=ndims)
+            elif key[0] == "ends":
+                def graphs():
+                    return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act,
+                                        load_bytes, ndims=ndims)
+            else:
+                def graphs():
+                    return stage_transfer_graphs(inst.tp, act)
+            jobs.append((key[0], graphs))
+        if len(cache) + len(misses) > REUSE_CACHE_MAX:
+            cache.clear()
+        for key, cycles in zip(misses, run_many(jobs), strict=True):
+            cache[key] = cycles
+    ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
+    if load_bytes:
+        ends += cache[("ends", load_bytes)]
+    t_block = cache[keys[0]] + attention_ns
+    t_hop = cache[("hop", act)] if inst.pp > 1 else 0
+    return ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
 
 
 _NO_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
@@ -104,13 +164,83 @@ def _key(network: dict, memory: dict) -> str:
     return json.dumps([network, memory], sort_keys=True)
 
 
-class AstraInprocBackend:
+def _graphs_of(job):
+    """A job's graphs: given as a dict, or made by calling it."""
+    return job() if callable(job) else job
+
+
+class _GraphBackend:
+    """What both astra-sim clients share: per-instance iteration timing through
+    ``decomposed_iteration_ns`` with one reuse cache per distinct network and memory.
+    Subclasses implement ``run_many(network, memory, jobs)``."""
+
+    name = "graph"
+
+    def __init__(self, reuse: bool = True) -> None:
+        #: computation reuse on (results of identical iteration parts remembered)
+        self.reuse = reuse
+        self._reuse: dict[str, dict] = {}
+        # id(inst.network) -> (network, memory, key, cache); holding the network keeps
+        # the id from being recycled while the entry lives
+        self._inst_keys: dict[int, tuple] = {}
+
+    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
+        raise NotImplementedError
+
+    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+                   name: str = "graph") -> int:
+        """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
+        return self.run_many(network, memory or _NO_MEMORY, [(name, graphs)])[0]
+
+    def _context(self, inst) -> tuple:
+        ctx = self._inst_keys.get(id(inst.network))
+        memory = _memory(inst)
+        if ctx is None or ctx[0] is not inst.network or ctx[1] != memory:
+            key = _key(inst.network, memory)
+            cache = self._reuse.setdefault(key, {}) if self.reuse else None
+            if len(self._inst_keys) > 1024:
+                self._inst_keys.clear()
+            ctx = self._inst_keys[id(inst.network)] = (inst.network, memory, key, cache)
+        return ctx
+
+    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
+        if inst.tp == 1 and inst.pp == 1 and not load_bytes:
+            # One NPU, no communication, no memory traffic: the graph is a single chain of
+            # compute, whose time is its sum (providers can give it from pre-summed
+            # tables). There is nothing for a system simulation to add, in either client.
+            fast = getattr(inst.provider, "iteration_ns", None)
+            return fast(shape) if fast else inst.provider.layer_times(shape).total_ns()
+        return self._decomposed(inst, shape, load_bytes)
+
+    def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
+        network, memory, _, cache = self._context(inst)
+        return decomposed_iteration_ns(
+            lambda jobs: self.run_many(network, memory, jobs),
+            inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
+            cache)
+
+    def reuse_entries(self) -> int:
+        """Iteration parts remembered so far, over every network."""
+        return sum(len(c) for c in self._reuse.values())
+
+    def clear_reuse(self) -> None:
+        """Forget every remembered iteration part (the next iterations are simulated)."""
+        for cache in self._reuse.values():
+            cache.clear()
+
+    def close(self) -> None:
+        self._reuse.clear()
+        self._inst_keys.clear()
+
+
+class AstraInprocBackend(_GraphBackend):
     """The astra-sim engine as a library. Engines are cached per distinct instance network,
     so one backend serves any number of simulations (a search worker keeps one)."""
 
     name = "inproc"
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        super().__init__(reuse)
         self._engines: dict[str, Engine] = {}
 
     def _engine_for(self, network: dict, memory: dict) -> Engine:
@@ -125,42 +255,45 @@ class AstraInprocBackend:
     def _engine(self, inst) -> Engine:
         return self._engine_for(inst.network, _memory(inst))
 
-    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
-                   name: str = "graph") -> int:
-        """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
-        engine = self._engine_for(network, memory or _NO_MEMORY)
-        return max(r.cycles for r in engine.run(graphs).values())
-
-    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
-        if inst.tp == 1 and inst.pp == 1 and not load_bytes:
-            # One NPU, no communication: the graph is a single chain of compute, whose time
-            # providers can give from pre-summed tables.
-            fast = getattr(inst.provider, "iteration_ns", None)
-            return fast(shape) if fast else inst.provider.layer_times(shape).total_ns()
-        lt = inst.provider.layer_times(shape)
-        memory = _memory(inst)
-        return decomposed_iteration_ns(
-            lambda graphs, name: self.run_graphs(inst.network, graphs, memory, name),
-            inst, lt, _act_bytes(inst, shape), load_bytes)
+    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
+        engine = self._engine_for(network, memory)
+        return [max(r.cycles for r in engine.run(_graphs_of(job)).values()) for _, job in jobs]
 
     def close(self) -> None:
+        super().close()
         self._engines.clear()
 
 
-_FINISHED = re.compile(r"sys\[(\d+)\] iteration (\d+) finished, (\d+) cycles")
+_FINISHED = re.compile(rb"sys\[\d+\] iteration \d+ finished, (\d+) cycles")
 
 
-class AstraSubprocessBackend:
-    """Drives long-lived ``astra-sim`` processes with the interactive text protocol."""
+def _scratch_root() -> str | None:
+    """Where trace files go: a RAM-backed folder when the machine has one (rewriting a
+    small file there costs ~20 us, against ~180 us on a disk-backed /tmp)."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+class AstraSubprocessBackend(_GraphBackend):
+    """Drives long-lived ``astra-sim`` processes with the interactive text protocol.
+
+    The graph sets of one iteration go out together: each set's trace files are written
+    and its workload line sent at once, and the replies are read after the last line (the
+    protocol is line by line, so the process simply finds the next line waiting)."""
 
     name = "subprocess"
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, reuse: bool = True) -> None:
+        super().__init__(reuse)
         self.binary = binary
-        self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-", dir=_scratch_root()))
         self._procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         #: processes started (a restart after a crash counts)
         self.starts = 0
+        #: workload lines answered
+        self.exchanges = 0
+        self._pending: dict[int, bytes] = {}  # pid -> output read but not yet consumed
+        self._writer = LinkingWriter()
 
     def _command(self, folder: Path) -> list[str]:
         args = [f"--network-configuration={folder / 'network.yml'}",
@@ -182,73 +315,77 @@ class AstraSubprocessBackend:
         (folder / "network.yml").write_text(yaml.safe_dump(network, default_flow_style=None))
         (folder / "system.json").write_text(json.dumps(_system_for(network)))
         (folder / "memory.json").write_text(json.dumps(memory))
+        # The replies are flushed at each "Waiting" line; an unbuffered child (the
+        # environment's PYTHONUNBUFFERED) would pay a write call per output line.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         proc = subprocess.Popen(self._command(folder), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                env=env)
         self.starts += 1
-        self._read_until_waiting(proc)
+        self._pending[proc.pid] = b""
+        self._read_reply(proc)
         self._procs[key] = (proc, folder)
         return proc, folder
 
-    @staticmethod
-    def _read_until_waiting(proc) -> list[int]:
-        cycles = []
+    def _read_reply(self, proc) -> list[int]:
+        """The cycles of the ``sys[N] iteration M finished`` lines up to the next line
+        containing ``Waiting``, read from the pipe in whatever pieces arrive (bytes, no
+        text layer; output past that line is kept for the next reply)."""
+        fd = proc.stdout.fileno()
+        pending = self._pending.get(proc.pid, b"")
         while True:
-            line = proc.stdout.readline()
-            if not line:
-                err = proc.stderr.read().strip()
+            mark = pending.find(b"Waiting")
+            if mark >= 0:
+                eol = pending.find(b"\n", mark)
+                if eol >= 0:
+                    reply, self._pending[proc.pid] = pending[:eol + 1], pending[eol + 1:]
+                    return [int(m.group(1)) for m in _FINISHED.finditer(reply)]
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                err = proc.stderr.read().decode(errors="replace").strip()
                 raise RuntimeError(f"astra-sim exited unexpectedly: {err or 'no message'}")
-            m = _FINISHED.search(line)
-            if m:
-                cycles.append(int(m.group(3)))
-            if "Waiting" in line:
-                return cycles
+            pending += chunk
 
-    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
-                   name: str = "graph") -> int:
-        """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
-        memory = memory or _NO_MEMORY
+    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
         for attempt in (1, 2):
             proc, folder = self._proc(network, memory)
-            prefix = folder / name
-            write_workload(prefix, graphs)
             try:
-                proc.stdin.write(f"{prefix}\n")
-                proc.stdin.flush()
-                cycles = self._read_until_waiting(proc)
+                for name, job in jobs:
+                    # each line goes out as soon as its files exist, so the process
+                    # simulates one graph set while the next is being written
+                    prefix = f"{folder / name}"
+                    self._writer.write(prefix, _graphs_of(job))
+                    proc.stdin.write(f"{prefix}\n".encode())
+                replies = [self._read_reply(proc) for _ in jobs]
             except (OSError, RuntimeError):
-                # The process died: start a fresh one and replay this graph once.
+                # The process died: start a fresh one and replay these graphs once.
                 proc.kill()
                 if attempt == 2:
                     raise
                 continue
-            if not cycles:
-                raise RuntimeError("astra-sim reported no finished NPU for the iteration")
-            return max(cycles)
+            if not all(replies):
+                raise RuntimeError("astra-sim reported no finished NPU for an iteration")
+            self.exchanges += len(jobs)
+            return [max(c) for c in replies]
         raise AssertionError("unreachable")
 
-    def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int:
-        lt = inst.provider.layer_times(shape)
-        memory = _memory(inst)
-        return decomposed_iteration_ns(
-            lambda graphs, name: self.run_graphs(inst.network, graphs, memory, name),
-            inst, lt, _act_bytes(inst, shape), load_bytes)
-
     def close(self) -> None:
+        super().close()
         for proc, _ in self._procs.values():
             if proc.poll() is None:
                 try:
-                    proc.stdin.write("exit\n")
-                    proc.stdin.flush()
+                    proc.stdin.write(b"exit\n")
                     proc.wait(timeout=5)
                 except (OSError, subprocess.TimeoutExpired):
                     proc.kill()
         self._procs.clear()
+        self._pending.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def make_backend(options) -> SystemBackend:
     """The backend ``options.backend`` names; reusable across simulations."""
+    reuse = getattr(options, "computation_reuse", True)
     if options.backend == "subprocess":
-        return AstraSubprocessBackend(options.astra_sim_bin)
-    return AstraInprocBackend()
+        return AstraSubprocessBackend(options.astra_sim_bin, reuse=reuse)
+    return AstraInprocBackend(reuse=reuse)

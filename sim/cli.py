@@ -56,6 +56,9 @@ def _add_run(sub) -> None:
                         "roofline, aic")
     p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
     p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
+    p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
+                   help="send every iteration to the system backend instead of reusing "
+                        "results for repeated iteration parts")
     p.add_argument("--timeseries-interval-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="WARNING",
@@ -82,6 +85,7 @@ def _run(args) -> int:
         routing_policy=args.request_routing_policy, seed=args.seed,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,
+        computation_reuse=args.computation_reuse,
         timeseries_interval_ns=int(args.timeseries_interval_s * 1e9),
         progress=sys.stderr.isatty())
     result = sim.simulate(cluster, workload, opts)

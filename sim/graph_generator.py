@@ -13,7 +13,8 @@ TP group, dimension 1 the pipeline). Each NPU's graph is:
   their activations on;
 - a MEM_LOAD of KV blocks fetched from a lower prefix-cache tier comes first.
 
-The block's node pattern is computed once per iteration and replicated for every block.
+The block's node pattern is computed once per iteration and replicated for every block;
+without pipeline stages the TP ranks share one node list.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
     for stage, n_blocks in enumerate(blocks_per_stage(lt.num_blocks, pp)):
         for rank in range(tp):
             npu = stage * tp + rank
+            if rank and pp == 1:
+                # Without pipeline send/recv every rank's graph is the same: share the
+                # node list (built and encoded once; the engine runs shared lists SPMD).
+                graphs[npu] = graphs[stage * tp].copy_for(npu)
+                continue
             b = GraphBuilder(npu)
             if load_bytes:
                 b.mem_load(load_bytes, name="kv_tier_load")

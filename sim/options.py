@@ -48,6 +48,9 @@ class SimOptions:
     #: "inproc" (default) or "subprocess" (a long-lived astra-sim process)
     backend: str = "inproc"
     astra_sim_bin: str | None = None
+    #: remember the backend's results for repeated iteration parts (LLMServingSim's
+    #: computation reuse); off sends every iteration to the backend
+    computation_reuse: bool = True
     #: width of the time-series buckets
     timeseries_interval_ns: int = 1_000_000_000
     #: stop after this much simulated time (None = run to completion)

@@ -111,9 +111,10 @@ def test_bad_astra_sim_binary_is_an_input_error():
 
 
 def test_subprocess_backend_survives_a_killed_astra_sim_process():
-    backend = sim.make_backend(sim.SimOptions(backend="subprocess"))
+    opts = sim.SimOptions(latency_provider="roofline", backend="subprocess",
+                          computation_reuse=False)  # every iteration goes to the process
+    backend = sim.make_backend(opts)
     try:
-        opts = sim.SimOptions(latency_provider="roofline", backend="subprocess")
         wl = sim.generate(sim.WorkloadSpec(num_requests=6, rate=50.0, seed=1,
                                            input=sim.LengthDist("uniform", low=20, high=200),
                                            output=sim.LengthDist("uniform", low=2, high=8)))
@@ -142,3 +143,51 @@ def test_provider_fast_path_equals_the_sum_of_its_layers(model, provider):
     prov = s.instances[0].provider
     for shape in _shapes(40, seed=7):
         assert prov.iteration_ns(shape) == prov.layer_times(shape).total_ns()
+
+
+def test_computation_reuse_changes_nothing_but_the_work():
+    """Reused iteration parts give the very same per-request output as simulating every
+    iteration, and most iterations need no backend call."""
+    wl = sim.generate(sim.WorkloadSpec(num_requests=40, rate=30.0, seed=7,
+                                       input=sim.LengthDist("uniform", low=20, high=900),
+                                       output=sim.LengthDist("uniform", low=2, high=40)))
+    tables, backends = {}, {}
+    for reuse in (True, False):
+        opts = sim.SimOptions(latency_provider="roofline", backend="subprocess",
+                              computation_reuse=reuse)
+        backends[reuse] = backend = sim.make_backend(opts)
+        try:
+            res = sim.simulate(_cluster(2, 2), wl, opts, backend=backend)
+        finally:
+            backend.close()
+        tables[reuse] = res.requests_table().to_csv(index=False)
+    assert tables[True] == tables[False]
+    assert backends[True].exchanges < backends[False].exchanges / 3
+
+
+def test_reused_parts_with_tier_loads_equal_the_full_graph():
+    """The ends part (a KV load from a lower tier) is reused by load size; prologue, head
+    and attention are added outside the simulated graphs. Every combination equals the
+    whole iteration graph simulated in one piece."""
+    s = sim.Simulator(_cluster(2, 2), sim.SimOptions(latency_provider="roofline"))
+    inst = s.instances[0]
+    engine = s.backend._engine(inst)
+    for i, shape in enumerate(_shapes(30, seed=3)):
+        load = (i % 3) * 65536
+        lt = inst.provider.layer_times(shape)
+        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+        full = max(r.cycles for r in engine.run(build_graphs(lt, 2, 2, act, load)).values())
+        assert s.backend.iteration_ns(inst, shape, load) == full
+    assert 0 < s.backend.reuse_entries() < 3 * 30
+
+
+def test_single_npu_iterations_need_no_astra_sim_process():
+    backend = sim.make_backend(sim.SimOptions(backend="subprocess"))
+    try:
+        res = sim.simulate(_cluster(1, 1), sim.generate(sim.WorkloadSpec(num_requests=3)),
+                           sim.SimOptions(latency_provider="roofline", backend="subprocess"),
+                           backend=backend)
+        assert res.summary["num_finished"] == 3
+        assert backend.starts == 0
+    finally:
+        backend.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from astrasim import chakra
+from astrasim import chakra, wire
 from astrasim.graph import Graph
 
 
@@ -78,6 +78,25 @@ def split_messages(data: bytes, source: str = "<bytes>") -> list[bytes]:
 
 
 def decode_graph(data: bytes, npu_id: int, source: str = "<bytes>") -> Graph:
+    """One NPU's graph from .et bytes (see ``astrasim.wire``)."""
+    payloads = split_messages(data, source)
+    if not payloads:
+        raise EtFormatError(f"{source}: empty trace (no GlobalMetadata message)")
+    try:
+        version, metadata = wire.decode_metadata(payloads[0])
+    except wire.WireError as e:
+        raise EtFormatError(f"{source}: GlobalMetadata does not parse: {e}") from None
+    nodes = []
+    for i, p in enumerate(payloads[1:]):
+        try:
+            nodes.append(wire.decode_node(p))
+        except wire.WireError as e:
+            raise EtFormatError(f"{source}: node message #{i} does not parse: {e}") from None
+    return Graph(npu_id, nodes, version, metadata)
+
+
+def decode_graph_protobuf(data: bytes, npu_id: int, source: str = "<bytes>") -> Graph:
+    """The same graph through protobuf message objects (slower; the reference)."""
     payloads = split_messages(data, source)
     if not payloads:
         raise EtFormatError(f"{source}: empty trace (no GlobalMetadata message)")
@@ -95,6 +114,13 @@ def decode_graph(data: bytes, npu_id: int, source: str = "<bytes>") -> Graph:
 
 
 def encode_graph(graph: Graph) -> bytes:
+    """The .et bytes of one NPU's graph (see ``astrasim.wire``)."""
+    return wire.frame([wire.encode_metadata(graph.version, graph.metadata),
+                       *map(wire.encode_node, graph.nodes)])
+
+
+def encode_graph_protobuf(graph: Graph) -> bytes:
+    """The same bytes through protobuf message objects (slower; the reference)."""
     return encode_messages([graph.metadata_proto(), *graph.node_protos()])
 
 
@@ -119,10 +145,28 @@ def read_et(path, npu_id: int | None = None) -> Graph:
 
 
 def write_workload(prefix, graphs) -> list[Path]:
-    """Write ``<prefix>.<npu>.et`` for each graph (a dict npu->Graph or list of Graphs)."""
+    """Write ``<prefix>.<npu>.et`` for each graph (a dict npu->Graph or list of Graphs),
+    creating the folder if needed; the paths written."""
+    prefix = os.fspath(prefix)
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    return [Path(p) for p in write_workload_files(prefix, graphs)]
+
+
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def write_workload_files(prefix: str, graphs) -> list[str]:
+    """``write_workload`` into an existing folder, without creating it or making Path
+    objects. Graphs sharing one node list are encoded once."""
     items = graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
-    Path(os.fspath(prefix)).parent.mkdir(parents=True, exist_ok=True)
-    encoded: dict[int, tuple[Graph, bytes]] = {}  # graphs sharing a node list encode once
+    encoded: dict[int, tuple[Graph, bytes]] = {}
     out = []
     for npu, g in items:
         hit = encoded.get(id(g.nodes))
@@ -131,10 +175,40 @@ def write_workload(prefix, graphs) -> list[Path]:
         else:
             data = encode_graph(g)
             encoded[id(g.nodes)] = (g, data)
-        p = et_path(prefix, npu)
-        p.write_bytes(data)
-        out.append(p)
+        path = f"{prefix}.{npu}.et"
+        _write_file(path, data)
+        out.append(path)
     return out
+
+
+class LinkingWriter:
+    """Writes workloads again and again under the same prefixes (an interactive
+    client's traces), writing each distinct trace once per call: an NPU whose graph is
+    the same as an earlier NPU's gets a symbolic link to that file, made once and kept
+    while it stays right. Readers see ordinary files. The writer owns the folder: it
+    remembers which of its paths are links."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, str] = {}  # path -> the name it links to
+
+    def write(self, prefix: str, graphs) -> None:
+        items = graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
+        written: dict[int, tuple[Graph, str]] = {}  # id(nodes) -> (graph, its file name)
+        for npu, g in items:
+            path = f"{prefix}.{npu}.et"
+            hit = written.get(id(g.nodes))
+            if hit is not None and hit[0].version == g.version and hit[0].metadata == g.metadata:
+                target = hit[1]
+                if self._links.get(path) != target:
+                    if os.path.lexists(path):
+                        os.unlink(path)
+                    os.symlink(target, path)
+                    self._links[path] = target
+                continue
+            if self._links.pop(path, None) is not None:
+                os.unlink(path)  # writing through the link would change its target
+            _write_file(path, encode_graph(g))
+            written[id(g.nodes)] = (g, os.path.basename(path))
 
 
 def read_workload(prefix, npus, *, required: bool = True,
@@ -144,10 +218,12 @@ def read_workload(prefix, npus, *, required: bool = True,
     (file bytes -> Graph, owned by the caller) extends that across calls."""
     out: dict[int, Graph] = {}
     seen: dict[bytes, Graph] = cache if cache is not None else {}
+    prefix = os.fspath(prefix)
     for npu in npus:
-        p = et_path(prefix, npu)
+        p = f"{prefix}.{npu}.et"
         try:
-            data = p.read_bytes()
+            with open(p, "rb", buffering=0) as f:
+                data = f.readall()
         except FileNotFoundError:
             if required:
                 raise EtFormatError(f"{p}: trace file not found") from None
@@ -156,7 +232,7 @@ def read_workload(prefix, npus, *, required: bool = True,
             raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None
         g = seen.get(data)
         if g is None:
-            g = seen[data] = decode_graph(data, npu, str(p))
+            g = seen[data] = decode_graph(data, npu, p)
             out[npu] = g
         else:
             out[npu] = g.copy_for(npu)

@@ -124,6 +124,9 @@ def _get_attr(a) -> Any:
     return v
 
 
+_DEFAULT_NAME = {t: t.name.lower() for t in NodeType}
+
+
 class GraphBuilder:
     """Convenience builder. Every method returns the new node's id.
 
@@ -140,8 +143,9 @@ class GraphBuilder:
         nid = len(self.graph.nodes)
         if deps is None:
             deps = [] if self._last is None else [self._last]
-        attrs = {k: v for k, v in attrs.items() if v is not None}
-        self.graph.nodes.append(Node(nid, name or f"{NodeType(type_).name.lower()}_{nid}",
+        for k in [k for k, v in attrs.items() if v is None]:
+            del attrs[k]
+        self.graph.nodes.append(Node(nid, name or f"{_DEFAULT_NAME[type_]}_{nid}",
                                      int(type_), int(duration_ns), list(deps),
                                      list(ctrl_deps), attrs))
         self._last = nid
