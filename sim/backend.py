@@ -9,13 +9,15 @@ cycles on the same input:
 - ``AstraInprocBackend`` (``--backend inproc``, the default): the astra-sim engine called as a
   library, graphs passed as objects;
 - ``AstraSubprocessBackend`` (``--backend subprocess``): one long-lived ``astra-sim`` process
-  per instance network, graphs written as Chakra .et files and LLMServingSim's text
-  protocol. It can drive an upstream ASTRA-Sim binary given by path.
+  per instance network, kept on the client's CPU, graphs written as Chakra .et files and
+  LLMServingSim's text protocol. It can drive an upstream ASTRA-Sim binary given by path.
 
-Both share how an iteration is cut up (``decomposed_iteration_ns``): layer-block reuse (one
-decoder block simulated for all of them) and computation reuse (results of repeated
-iteration parts remembered, ``--no-computation-reuse`` turns it off). A one-NPU instance
-with nothing to load has no communication at all and is not sent to either.
+Both share how an iteration is cut up (``decomposed_iteration_ns``): compute is summed
+outside the system simulation, which times only the communication and memory traffic
+(one decoder block's all-reduces standing for all of them, the KV load, the stage hop), and
+computation reuse remembers those parts' results (``--no-computation-reuse`` turns that
+off). A part without communication (every part of a one-NPU instance with nothing to
+load) is not sent to either.
 
 Each instance gets its own network: dimension 0 is its TP group, dimension 1 (when pp > 1)
 its pipeline, with the cluster's intra-node link bandwidth and latency.
@@ -40,6 +42,7 @@ from astrasim.et import LinkingWriter
 from sim.errors import InputError
 from sim.graph_generator import build_graphs, stage_transfer_graphs
 from sim.latency.base import BatchShape, LayerTimes
+from sim.model import TP_ALLREDUCE_AFTER
 
 
 class SystemBackend(Protocol):
@@ -86,7 +89,6 @@ def _act_bytes(inst, shape: BatchShape) -> int:
     return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
 
 
-ATTENTION = "attention"
 #: entries a backend's reuse cache holds before it starts over (a few MB)
 REUSE_CACHE_MAX = 1 << 17
 
@@ -97,31 +99,30 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     with their results reused across iterations (computation reuse).
 
     With one batch in flight every NPU's work is a dependency chain (stage by stage when
-    pipelined), so the iteration takes the sum of its parts: the graph of one decoder block
-    (simulated once, standing for all ``num_blocks``), the KV-load/prologue/head part, and
-    one pipeline-stage transfer per stage boundary.
+    pipelined), so the iteration takes the sum of its parts: one decoder block (standing
+    for all ``num_blocks``), the KV-load/prologue/head part, and one pipeline-stage
+    transfer per stage boundary.
 
     Compute that every NPU runs for the same time inside such a chain adds to the chain's
     time exactly: removing it from a node shifts every later event on every NPU by the
-    same amount. Following LLMServingSim, which simulates attention apart from the rest
-    because it is the one layer that depends on the KV lengths, the block is simulated
-    without attention, and the ends part without the prologue and head compute (they
-    depend on the token and sequence counts, and nothing overlaps them). Each part is then
-    a function of few inputs (the block: the token count's layer times and activation
-    size; the ends: the KV-load size; the hop: the activation size), and ``cache``
-    (key -> cycles) remembers it across iterations. An ends part with nothing to load is
-    an empty graph and takes no time.
+    same amount. So only what the compute leaves behind is simulated (LLMServingSim does
+    the same for attention, the one layer that depends on the KV lengths): the block's TP
+    all-reduces of the activations, the KV load, the stage hop. Each such part is a
+    function of one size (the activation bytes, the KV-load bytes), ``cache`` (key ->
+    cycles) remembers it across iterations, and a part with no communication (a TP=1
+    block, nothing to load) takes no system simulation at all.
 
     ``run_many([(name, build), ...])`` simulates graph sets, each made by calling its
     ``build()``, and returns their cycles."""
-    attention_ns = 0
-    rest = []
-    for layer in lt.block:
-        if layer[0] == ATTENTION:
-            attention_ns += layer[1]
-        else:
-            rest.append(layer)
-    keys = [("block", act, tuple(rest))]
+    compute_ns = 0
+    collectives = 0
+    for name, ns in lt.block:
+        compute_ns += ns
+        if name in TP_ALLREDUCE_AFTER:
+            collectives += 1
+    keys = []
+    if inst.tp > 1 and collectives:
+        keys.append(("block", act, collectives))
     if load_bytes:
         keys.append(("ends", load_bytes))
     if inst.pp > 1:
@@ -134,8 +135,11 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         jobs = []
         for key in misses:
             if key[0] == "block":
-                def graphs(rest=key[2]):
-                    return build_graphs(LayerTimes((), rest, (), 1), inst.tp, 1, act,
+                def graphs():
+                    # the block's layers that end in an all-reduce, with no compute left
+                    reducing = tuple((name, 0) for name, _ in lt.block
+                                     if name in TP_ALLREDUCE_AFTER)
+                    return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act,
                                         ndims=ndims)
             elif key[0] == "ends":
                 def graphs():
@@ -152,7 +156,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
     if load_bytes:
         ends += cache[("ends", load_bytes)]
-    t_block = cache[keys[0]] + attention_ns
+    t_block = compute_ns + (cache[keys[0]] if keys and keys[0][0] == "block" else 0)
     t_hop = cache[("hop", act)] if inst.pp > 1 else 0
     return ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
 
@@ -184,7 +188,10 @@ class _GraphBackend:
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
 
-    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
+    def run_many(self, network: dict, memory: dict, jobs: list,
+                 key: str | None = None) -> list[int]:
+        """Simulate each job's graphs on ``network`` with ``memory`` (``key``: their
+        ``_key``, when the caller has it); the slowest NPU's cycles of each."""
         raise NotImplementedError
 
     def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
@@ -213,9 +220,9 @@ class _GraphBackend:
         return self._decomposed(inst, shape, load_bytes)
 
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
-        network, memory, _, cache = self._context(inst)
+        network, memory, key, cache = self._context(inst)
         return decomposed_iteration_ns(
-            lambda jobs: self.run_many(network, memory, jobs),
+            lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
             cache)
 
@@ -243,8 +250,8 @@ class AstraInprocBackend(_GraphBackend):
         super().__init__(reuse)
         self._engines: dict[str, Engine] = {}
 
-    def _engine_for(self, network: dict, memory: dict) -> Engine:
-        key = _key(network, memory)
+    def _engine_for(self, network: dict, memory: dict, key: str | None = None) -> Engine:
+        key = key or _key(network, memory)
         eng = self._engines.get(key)
         if eng is None:
             eng = Engine(Network.from_dict(network), SystemConfig.from_dict(_system_for(network)),
@@ -255,8 +262,9 @@ class AstraInprocBackend(_GraphBackend):
     def _engine(self, inst) -> Engine:
         return self._engine_for(inst.network, _memory(inst))
 
-    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
-        engine = self._engine_for(network, memory)
+    def run_many(self, network: dict, memory: dict, jobs: list,
+                 key: str | None = None) -> list[int]:
+        engine = self._engine_for(network, memory, key)
         return [max(r.cycles for r in engine.run(_graphs_of(job)).values()) for _, job in jobs]
 
     def close(self) -> None:
@@ -274,6 +282,55 @@ def _scratch_root() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
+def _libc_sched_getcpu():
+    """glibc's ``sched_getcpu`` (the CPU the calling thread runs on), or None."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None).sched_getcpu
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        return fn if fn() >= 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+class _CoreFollower:
+    """Keeps a co-process on the CPU its client is running on while they take turns.
+
+    For a single graph set the client waits while astra-sim simulates, so the two never
+    need two cores at once, and on two every exchange pays for waking a sleeping core
+    (measured here: a pipe round trip of 75-150 us between cores, 10-40 us on one).
+    Before such an exchange the process is moved to the client's current CPU if it is not
+    there. Several graph sets in one exchange do overlap (the process simulates one while
+    the client writes the next), so for those the process may run on any of the client's
+    CPUs. An affinity call is made only when that changes. Where the platform has no
+    affinity control, or refuses it, nothing is done."""
+
+    def __init__(self) -> None:
+        self._getcpu = _libc_sched_getcpu()
+        self._anywhere = frozenset(os.sched_getaffinity(0)) if self._getcpu else frozenset()
+        self._where: dict[int, frozenset] = {}  # pid -> the CPUs it is held to
+
+    def follow(self, pid: int, overlapping: bool = False) -> None:
+        """Place process ``pid`` for the next exchange."""
+        if self._getcpu is None:
+            return
+        cpus = self._anywhere if overlapping else frozenset((self._getcpu(),))
+        if self._where.get(pid) != cpus:
+            try:
+                os.sched_setaffinity(pid, cpus)
+            except OSError:  # not allowed here (a container's CPU set, a foreign pid)
+                self._getcpu = None
+                return
+            self._where[pid] = cpus
+
+    def forget(self, pid: int) -> None:
+        self._where.pop(pid, None)
+
+
 class AstraSubprocessBackend(_GraphBackend):
     """Drives long-lived ``astra-sim`` processes with the interactive text protocol.
 
@@ -283,9 +340,12 @@ class AstraSubprocessBackend(_GraphBackend):
 
     name = "subprocess"
 
-    def __init__(self, binary: str | None = None, reuse: bool = True) -> None:
+    def __init__(self, binary: str | None = None, reuse: bool = True,
+                 same_core: bool = True) -> None:
         super().__init__(reuse)
         self.binary = binary
+        # run each astra-sim process on the client's current core (see _CoreFollower)
+        self._follower = _CoreFollower() if same_core else None
         self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-", dir=_scratch_root()))
         self._procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         #: processes started (a restart after a crash counts)
@@ -305,10 +365,11 @@ class AstraSubprocessBackend(_GraphBackend):
             return [self.binary, *args]
         return [sys.executable, "-m", "astrasim", *args, "--interactive"]
 
-    def _proc(self, network: dict, memory: dict) -> tuple[subprocess.Popen, Path]:
-        key = _key(network, memory)
+    def _proc(self, network: dict, memory: dict, key: str) -> tuple[subprocess.Popen, Path]:
+        """The process serving ``key``'s network, started on first use (a process that
+        died is dropped by ``run_many`` and started again here)."""
         entry = self._procs.get(key)
-        if entry is not None and entry[0].poll() is None:
+        if entry is not None:
             return entry
         folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -346,9 +407,13 @@ class AstraSubprocessBackend(_GraphBackend):
                 raise RuntimeError(f"astra-sim exited unexpectedly: {err or 'no message'}")
             pending += chunk
 
-    def run_many(self, network: dict, memory: dict, jobs: list) -> list[int]:
+    def run_many(self, network: dict, memory: dict, jobs: list,
+                 key: str | None = None) -> list[int]:
+        key = key or _key(network, memory)
         for attempt in (1, 2):
-            proc, folder = self._proc(network, memory)
+            proc, folder = self._proc(network, memory, key)
+            if self._follower is not None:
+                self._follower.follow(proc.pid, overlapping=len(jobs) > 1)
             try:
                 for name, job in jobs:
                     # each line goes out as soon as its files exist, so the process
@@ -360,6 +425,11 @@ class AstraSubprocessBackend(_GraphBackend):
             except (OSError, RuntimeError):
                 # The process died: start a fresh one and replay these graphs once.
                 proc.kill()
+                proc.wait()
+                del self._procs[key]
+                self._pending.pop(proc.pid, None)
+                if self._follower is not None:
+                    self._follower.forget(proc.pid)
                 if attempt == 2:
                     raise
                 continue

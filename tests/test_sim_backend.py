@@ -12,7 +12,10 @@ from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
 
 
-def _cluster(tp: int, pp: int, model="meta-llama/Llama-3.1-8B", hw="H100-SXM", mem=80):
+LLAMA, MOE = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B-Instruct-2507"
+
+
+def _cluster(tp: int, pp: int, model=LLAMA, hw="H100-SXM", mem=80):
     return sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
         "num_instances": 1, "cpu_mem": {"mem_size": 256, "mem_bw": 64, "mem_latency": 0},
         "instances": [{"model_name": model, "hardware": hw,
@@ -52,9 +55,11 @@ def test_graph_shape_for_tp_and_pp():
     assert n_ar == 2 * 16  # two all-reduces per block, 16 of the 32 blocks on stage 0
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)])
-def test_layer_block_reuse_equals_the_full_graph(tp, pp):
-    s = sim.Simulator(_cluster(tp, pp), sim.SimOptions(latency_provider="roofline"))
+@pytest.mark.parametrize("tp,pp,model", [(1, 1, LLAMA), (2, 1, LLAMA), (4, 1, LLAMA),
+                                         (1, 2, LLAMA), (2, 2, LLAMA), (2, 1, MOE),
+                                         (2, 2, MOE)])
+def test_layer_block_reuse_equals_the_full_graph(tp, pp, model):
+    s = sim.Simulator(_cluster(tp, pp, model=model), sim.SimOptions(latency_provider="roofline"))
     inst = s.instances[0]
     engine = s.backend._engine(inst)
     for shape in _shapes():
@@ -191,3 +196,46 @@ def test_single_npu_iterations_need_no_astra_sim_process():
         assert backend.starts == 0
     finally:
         backend.close()
+
+
+def test_only_communication_is_sent_to_astra_sim():
+    """Compute is summed outside the simulated parts: a TP=1 pipeline sends only its
+    stage hops (one per distinct activation size), never its compute-only blocks."""
+    backend = sim.make_backend(sim.SimOptions(backend="subprocess"))
+    try:
+        s = sim.Simulator(_cluster(1, 2), sim.SimOptions(latency_provider="roofline"),
+                          backend=backend)
+        inst = s.instances[0]
+        shapes = _shapes(20, seed=5)
+        for shape in shapes:
+            backend.iteration_ns(inst, shape)
+        assert backend.exchanges == len({sh.num_tokens for sh in shapes})
+    finally:
+        backend.close()
+
+
+def test_astra_sim_process_runs_on_the_client_core():
+    """The subprocess client keeps its astra-sim process on its own current CPU (they take
+    turns); without that option the process may run anywhere. Cycles are the same."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity control and two CPUs")
+    from sim.backend import AstraSubprocessBackend
+
+    cycles = {}
+    for same_core in (True, False):
+        backend = AstraSubprocessBackend(same_core=same_core)
+        try:
+            s = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"),
+                              backend=backend)
+            cycles[same_core] = [backend.iteration_ns(s.instances[0], sh) for sh in _shapes()]
+            (proc, _), = backend._procs.values()
+            allowed = os.sched_getaffinity(proc.pid)
+            if same_core:
+                assert len(allowed) == 1 and allowed <= os.sched_getaffinity(0)
+            else:
+                assert allowed == os.sched_getaffinity(0)
+        finally:
+            backend.close()
+    assert cycles[True] == cycles[False]

@@ -211,6 +211,26 @@ class LinkingWriter:
             written[id(g.nodes)] = (g, os.path.basename(path))
 
 
+def _read_file(path: str) -> bytes:
+    """A whole file's bytes, with plain system calls (no buffered-I/O objects: the
+    interactive server reads a few small files per iteration)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            parts.append(chunk)
+            if len(chunk) < 1 << 16:
+                # short read of a regular file: at its end (one more read confirms
+                # only when the file is bigger than a chunk)
+                break
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for an empty file
+
+
 def read_workload(prefix, npus, *, required: bool = True,
                   cache: dict | None = None) -> dict[int, Graph]:
     """Read the traces of ``npus`` under ``prefix``. Identical files are parsed once and
@@ -219,14 +239,24 @@ def read_workload(prefix, npus, *, required: bool = True,
     out: dict[int, Graph] = {}
     seen: dict[bytes, Graph] = cache if cache is not None else {}
     prefix = os.fspath(prefix)
+    folder, stem = os.path.split(prefix)
+    present = None  # the folder's file names, listed once the first trace is missing
     for npu in npus:
         p = f"{prefix}.{npu}.et"
+        if present is not None and f"{stem}.{npu}.et" not in present:
+            continue
         try:
-            with open(p, "rb", buffering=0) as f:
-                data = f.readall()
+            data = _read_file(p)
         except FileNotFoundError:
             if required:
                 raise EtFormatError(f"{p}: trace file not found") from None
+            if present is None:
+                # a workload for some of the NPUs (one pipeline stage, say): one listing
+                # instead of a failed open per NPU without a trace
+                try:
+                    present = frozenset(os.listdir(folder or "."))
+                except OSError:
+                    present = None
             continue
         except OSError as e:
             raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None

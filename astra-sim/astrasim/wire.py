@@ -88,11 +88,16 @@ _ATTR_CACHE_MAX = 1 << 14
 
 def encode_attr(name: str, v: Any) -> bytes:
     """One serialized AttributeProto (without its field tag in the parent)."""
+    # Keys must tell apart values that compare equal but encode differently: bools and
+    # ints (True == 1; a list's key records which items are bools), and 0.0 and -0.0
+    # (floats are not cached at all).
+    if isinstance(v, list):
+        key = (None if any(type(x) is float for x in v)
+               else (name, list, tuple(v), tuple(x is True or x is False for x in v)))
+    else:
+        key = None if type(v) is float else (name, type(v), v)
     try:
-        # bools equal ints (True == 1), so a list's key records which items are bools
-        key = ((name, list, tuple(v), tuple(x is True or x is False for x in v))
-               if isinstance(v, list) else (name, type(v), v))
-        hit = _ATTR_CACHE.get(key)
+        hit = _ATTR_CACHE.get(key) if key is not None else None
     except TypeError:  # unhashable inside a list: encode without the cache
         key, hit = None, None
     if hit is not None:

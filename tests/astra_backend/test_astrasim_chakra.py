@@ -130,3 +130,14 @@ def test_workload_prefix_files(tmp_path):
     assert gs[1].npu_id == 1 and gs[1].nodes == g.nodes
     with pytest.raises(EtFormatError, match="wl.3.et"):
         read_workload(tmp_path / "sub" / "wl", range(4))
+
+
+def test_workload_for_some_npus_among_other_prefixes(tmp_path):
+    """A workload with traces for NPUs 0, 4 and 5 of 8 (one pipeline hop, say), in a folder
+    holding other prefixes' traces for the rest: exactly its own files are read."""
+    g = sample_graph(0)
+    write_workload(tmp_path / "hop", {i: g.copy_for(i) for i in (0, 4, 5)})
+    write_workload(tmp_path / "hop2", {i: g.copy_for(i) for i in range(8)})
+    write_workload(tmp_path / "block", {i: g.copy_for(i) for i in range(8)})
+    assert sorted(read_workload(tmp_path / "hop", range(8), required=False)) == [0, 4, 5]
+    assert sorted(read_workload(tmp_path / "hop2", range(8), required=False)) == list(range(8))

@@ -123,3 +123,13 @@ def test_garbled_node_is_a_format_error_that_names_the_file():
     data[-3] = 0xFF  # a length prefix inside the node now runs past its end
     with pytest.raises(EtFormatError, match="w.0.et"):
         decode_graph(bytes(data), 0, "w.0.et")
+
+
+def test_equal_comparing_values_that_encode_differently_are_not_confused():
+    """0.0 == -0.0 and True == 1, but their bytes differ: whichever is written first must
+    not decide the bytes of the other (the attribute cache once did)."""
+    for first, second in (([1.0, 0.0], [1.0, -0.0]), (0.0, -0.0), ([True, False], [1, 0]),
+                          (1, True)):
+        for v in (first, second):
+            g = Graph(npu_id=0, nodes=[Node(id=1, attrs={"x": v})])
+            assert encode_graph(g) == encode_graph_protobuf(g), v
