@@ -184,20 +184,24 @@ class Driver:
         return study
 
     def _recover(self, study) -> list[int]:
-        """Fail trials a killed driver left RUNNING and re-enqueue their parameters."""
+        """Fail trials a killed driver left RUNNING and re-enqueue their parameters; the
+        numbers of those re-enqueued. A trial killed before its first parameter was drawn
+        has nothing to re-run: it is failed, and its slot goes to a fresh draw (only
+        COMPLETE trials count toward the budget, so nothing is lost)."""
         from optuna.trial import TrialState
 
         stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         numbers = []
         for t in stale:
             params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
-            study._storage.set_trial_user_attr(t._trial_id, "reason",
-                                               "interrupted: the driver stopped; re-enqueued")
+            reason = ("interrupted: the driver stopped; re-enqueued" if params else
+                      "interrupted before any parameter was drawn; its slot is drawn anew")
+            study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             if params:
                 study.enqueue_trial(params, user_attrs={"requeued_from": t.number},
                                     skip_if_exists=False)
-            numbers.append(t.number)
+                numbers.append(t.number)
         return numbers
 
     def _enqueue_grid(self, study) -> None:

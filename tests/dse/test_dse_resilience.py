@@ -64,7 +64,10 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
         except ProcessLookupError:
             pass
     before = _trials(out)
-    interrupted = {t.number: t.params for t in before if t.state == TrialState.RUNNING}
+    # what each interrupted trial knew of its configuration: the parameters drawn so far,
+    # or those it was enqueued with
+    interrupted = {t.number: dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+                   for t in before if t.state == TrialState.RUNNING}
     complete_before = sum(t.state == TrialState.COMPLETE for t in before)
     assert interrupted and complete_before < n
 
@@ -89,7 +92,12 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
         assert all(r.params.items() >= params.items() for r in reruns), (num, params, dump)
     # nothing that finished before the kill was run again
     requeued = [t.user_attrs["requeued_from"] for t in complete if "requeued_from" in t.user_attrs]
-    assert len(requeued) == len(set(requeued)) == min(len(interrupted), slots)
+    # (a trial killed before its first suggest has no parameters and nothing to re-run)
+    redrawable = [num for num, params in interrupted.items() if params]
+    assert len(requeued) == len(set(requeued)) == min(len(redrawable), slots)
+    for num, params in interrupted.items():
+        if not params:
+            assert "drawn anew" in after[num].user_attrs["reason"], (num, dump)
     assert set(requeued) <= set(interrupted)
 
     import json
@@ -141,3 +149,29 @@ def test_dse_worker_killed_mid_trial_is_retried(tmp_path, ray_session):
     retried = [t for t in trials if t.user_attrs.get("attempts") == 2]
     assert [t.number for t in retried] == [killed]
     assert retried[0].state == TrialState.COMPLETE
+
+
+def test_recover_handles_every_point_a_trial_can_be_killed_at(tmp_path):
+    """Trials left RUNNING by a killed driver: one with drawn parameters, one enqueued
+    with fixed ones (killed before its first suggest), one with nothing drawn yet. All are
+    failed; the first two are re-enqueued with what they knew, the last gives its slot to
+    a fresh draw."""
+    path = write_space(tmp_path, knobs=KNOBS, search={"sampler": "random", "n_trials": 4})
+    driver = Driver(load_space(path), tmp_path / "out", workers=1, progress=False)
+    driver._prepare_dir()
+    study = driver._open_study()
+    drawn = study.ask()
+    drawn.suggest_categorical("tp", [1, 2, 4])
+    study.enqueue_trial({"tp": 4, "replicas": 2})
+    fixed = study.ask()  # picks up the enqueued parameters, none suggested yet
+    empty = study.ask()
+
+    assert sorted(driver._recover(study)) == sorted([drawn.number, fixed.number])
+    trials = study.get_trials(deepcopy=False)
+    for t in (drawn, fixed, empty):
+        assert trials[t.number].state == TrialState.FAIL
+    assert "drawn anew" in trials[empty.number].user_attrs["reason"]
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert sorted((t.user_attrs["requeued_from"], t.system_attrs["fixed_params"])
+                  for t in waiting) == sorted([(drawn.number, {"tp": drawn.params["tp"]}),
+                                               (fixed.number, {"tp": 4, "replicas": 2})])
