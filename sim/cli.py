@@ -57,8 +57,8 @@ def _add_run(sub) -> None:
     p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
     p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
     p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
-                   help="send every iteration to the system backend instead of reusing "
-                        "results for repeated iteration parts")
+                   help="simulate every iteration's communication parts anew instead of "
+                        "reusing the results of identical ones (same output, slower)")
     p.add_argument("--timeseries-interval-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="WARNING",

@@ -239,3 +239,37 @@ def test_astra_sim_process_runs_on_the_client_core():
         finally:
             backend.close()
     assert cycles[True] == cycles[False]
+
+
+def test_cli_backends_and_reuse_flag_give_the_same_requests(tmp_path):
+    """`llmsim run` on a TP=2 cluster: in-process, subprocess, and subprocess with
+    --no-computation-reuse write the same per-request CSV."""
+    import json
+
+    from sim.cli import main
+
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({
+        "num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+            "num_instances": 1, "cpu_mem": {"mem_size": 256, "mem_bw": 64, "mem_latency": 0},
+            "instances": [{"model_name": LLAMA, "hardware": "H100-SXM",
+                           "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+                           "num_npus": 2, "tp_size": 2, "pp_size": 1}]}]}))
+    wl = sim.generate(sim.WorkloadSpec(num_requests=12, rate=20.0, seed=4,
+                                       input=sim.LengthDist("uniform", low=20, high=600),
+                                       output=sim.LengthDist("uniform", low=2, high=30)))
+    dataset = tmp_path / "w.jsonl"
+    dataset.write_text("".join(json.dumps({"input_toks": r.input_len,
+                                           "output_toks": r.output_len,
+                                           "arrival_time_ns": r.arrival_ns}) + "\n"
+                               for r in wl.requests))
+    tables = []
+    for i, extra in enumerate((["--backend", "inproc"], ["--backend", "subprocess"],
+                               ["--backend", "subprocess", "--no-computation-reuse"])):
+        out = tmp_path / f"o{i}" / "o.csv"
+        rc = main(["run", "--cluster", str(cluster), "--dataset", str(dataset),
+                   "--output", str(out), "--latency-provider", "roofline", *extra])
+        assert rc == 0
+        tables.append(out.read_text())
+    assert tables[0] == tables[1] == tables[2]
+    assert tables[0].count("\n") == 13
