@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Protocol
 
@@ -173,7 +174,7 @@ def _graphs_of(job):
     return job() if callable(job) else job
 
 
-class _GraphBackend:
+class _GraphBackend(ABC):
     """What both astra-sim clients share: per-instance iteration timing through
     ``decomposed_iteration_ns`` with one reuse cache per distinct network and memory.
     Subclasses implement ``run_many(network, memory, jobs)``."""
@@ -188,11 +189,11 @@ class _GraphBackend:
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
 
+    @abstractmethod
     def run_many(self, network: dict, memory: dict, jobs: list,
                  key: str | None = None) -> list[int]:
         """Simulate each job's graphs on ``network`` with ``memory`` (``key``: their
         ``_key``, when the caller has it); the slowest NPU's cycles of each."""
-        raise NotImplementedError
 
     def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
                    name: str = "graph") -> int:

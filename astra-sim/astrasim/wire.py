@@ -256,6 +256,18 @@ def _scalar(kind: str, raw):
     return raw  # uint64, fixed64
 
 
+def _packed_varints(raw: bytes, what: str) -> list[int]:
+    """The varints of a packed repeated field (``what`` names it in the error)."""
+    out, pos = [], 0
+    while pos < len(raw):
+        try:
+            v, pos = read_varint(raw, pos)
+        except IndexError:
+            raise WireError(f"packed {what} ends inside a value") from None
+        out.append(v)
+    return out
+
+
 def _list_values(kind: str, payload: bytes) -> list:
     out = []
     want = _WIRE.get(kind, 0)
@@ -266,13 +278,7 @@ def _list_values(kind: str, payload: bytes) -> list:
             out.append(_scalar(kind, raw))
         elif wt == 2:  # a packed run of numbers
             if want == 0:
-                pos = 0
-                while pos < len(raw):
-                    try:
-                        v, pos = read_varint(raw, pos)
-                    except IndexError:
-                        raise WireError("packed list ends inside a value") from None
-                    out.append(_scalar(kind, v))
+                out.extend(_scalar(kind, v) for v in _packed_varints(raw, "list"))
             else:
                 size = 8 if want == 1 else 4
                 if len(raw) % size:
@@ -305,13 +311,7 @@ def decode_attr(buf: bytes) -> tuple[str, Any]:
 
 def _deps(wt: int, raw, into: list) -> None:
     if wt == 2:
-        pos = 0
-        while pos < len(raw):
-            try:
-                v, pos = read_varint(raw, pos)
-            except IndexError:
-                raise WireError("packed dependency list ends inside a value") from None
-            into.append(v)
+        into.extend(_packed_varints(raw, "dependency list"))
     elif wt == 0:
         into.append(raw)
 
