@@ -121,45 +121,38 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         compute_ns += ns
         if name in TP_ALLREDUCE_AFTER:
             collectives += 1
-    keys = []
-    if inst.tp > 1 and collectives:
-        keys.append(("block", act, collectives))
-    if load_bytes:
-        keys.append(("ends", load_bytes))
-    if inst.pp > 1:
-        keys.append(("hop", act))
+    # the parts with communication, by key (None: nothing to simulate)
+    block_key = ("block", act, collectives) if inst.tp > 1 and collectives else None
+    ends_key = ("ends", load_bytes) if load_bytes else None
+    hop_key = ("hop", act) if inst.pp > 1 else None
     if cache is None:
         cache = {}
-    misses = [k for k in keys if k not in cache]
+    misses = [k for k in (block_key, ends_key, hop_key) if k is not None and k not in cache]
     if misses:
         ndims = 2 if inst.pp > 1 else 1
-        jobs = []
-        for key in misses:
-            if key[0] == "block":
-                def graphs():
-                    # the block's layers that end in an all-reduce, with no compute left
-                    reducing = tuple((name, 0) for name, _ in lt.block
-                                     if name in TP_ALLREDUCE_AFTER)
-                    return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act,
-                                        ndims=ndims)
-            elif key[0] == "ends":
-                def graphs():
-                    return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act,
-                                        load_bytes, ndims=ndims)
-            else:
-                def graphs():
-                    return stage_transfer_graphs(inst.tp, act)
-            jobs.append((key[0], graphs))
+
+        def block():
+            # the block's layers that end in an all-reduce, with no compute left
+            reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
+            return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims)
+
+        def ends():
+            return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
+                                ndims=ndims)
+
+        def hop():
+            return stage_transfer_graphs(inst.tp, act)
+
+        builders = {"block": block, "ends": ends, "hop": hop}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
             cache.clear()
-        for key, cycles in zip(misses, run_many(jobs), strict=True):
-            cache[key] = cycles
-    ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
-    if load_bytes:
-        ends += cache[("ends", load_bytes)]
-    t_block = compute_ns + (cache[keys[0]] if keys and keys[0][0] == "block" else 0)
-    t_hop = cache[("hop", act)] if inst.pp > 1 else 0
-    return ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
+        cycles = run_many([(key[0], builders[key[0]]) for key in misses])
+        cache.update(zip(misses, cycles, strict=True))
+    t_ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
+    t_ends += cache[ends_key] if ends_key else 0
+    t_block = compute_ns + (cache[block_key] if block_key else 0)
+    t_hop = cache[hop_key] if hop_key else 0
+    return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
 
 
 _NO_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
@@ -177,7 +170,7 @@ def _graphs_of(job):
 class _GraphBackend(ABC):
     """What both astra-sim clients share: per-instance iteration timing through
     ``decomposed_iteration_ns`` with one reuse cache per distinct network and memory.
-    Subclasses implement ``run_many(network, memory, jobs)``."""
+    Subclasses implement ``run_many``."""
 
     name = "graph"
 

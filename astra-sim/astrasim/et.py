@@ -5,6 +5,7 @@ One file per NPU, named ``<prefix>.<npu_id>.et``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -144,12 +145,15 @@ def read_et(path, npu_id: int | None = None) -> Graph:
     return decode_graph(data, npu_id, str(p))
 
 
-def write_workload(prefix, graphs) -> list[Path]:
-    """Write ``<prefix>.<npu>.et`` for each graph (a dict npu->Graph or list of Graphs),
-    creating the folder if needed; the paths written."""
-    prefix = os.fspath(prefix)
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    return [Path(p) for p in write_workload_files(prefix, graphs)]
+def _items(graphs):
+    """(npu, Graph) pairs of a dict npu->Graph or a list of Graphs."""
+    return graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
+
+
+def _same_trace(a: Graph, b: Graph) -> bool:
+    """Whether two NPUs' graphs encode to the same bytes without encoding them: one node
+    list (``Graph.copy_for`` shares it) and the same metadata."""
+    return a.nodes is b.nodes and a.version == b.version and a.metadata == b.metadata
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -162,22 +166,24 @@ def _write_file(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def write_workload_files(prefix: str, graphs) -> list[str]:
-    """``write_workload`` into an existing folder, without creating it or making Path
-    objects. Graphs sharing one node list are encoded once."""
-    items = graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
-    encoded: dict[int, tuple[Graph, bytes]] = {}
+def write_workload(prefix, graphs) -> list[Path]:
+    """Write ``<prefix>.<npu>.et`` for each graph (a dict npu->Graph or list of Graphs),
+    creating the folder if needed; the paths written. Graphs sharing one node list are
+    encoded once."""
+    prefix = os.fspath(prefix)
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    encoded: dict[int, tuple[Graph, bytes]] = {}  # id(nodes) -> (graph, its bytes)
     out = []
-    for npu, g in items:
+    for npu, g in _items(graphs):
         hit = encoded.get(id(g.nodes))
-        if hit is not None and hit[0].version == g.version and hit[0].metadata == g.metadata:
+        if hit is not None and _same_trace(hit[0], g):
             data = hit[1]
         else:
             data = encode_graph(g)
             encoded[id(g.nodes)] = (g, data)
         path = f"{prefix}.{npu}.et"
         _write_file(path, data)
-        out.append(path)
+        out.append(Path(path))
     return out
 
 
@@ -192,12 +198,11 @@ class LinkingWriter:
         self._links: dict[str, str] = {}  # path -> the name it links to
 
     def write(self, prefix: str, graphs) -> None:
-        items = graphs.items() if isinstance(graphs, dict) else ((g.npu_id, g) for g in graphs)
         written: dict[int, tuple[Graph, str]] = {}  # id(nodes) -> (graph, its file name)
-        for npu, g in items:
+        for npu, g in _items(graphs):
             path = f"{prefix}.{npu}.et"
             hit = written.get(id(g.nodes))
-            if hit is not None and hit[0].version == g.version and hit[0].metadata == g.metadata:
+            if hit is not None and _same_trace(hit[0], g):
                 target = hit[1]
                 if self._links.get(path) != target:
                     if os.path.lexists(path):
@@ -219,12 +224,10 @@ def _read_file(path: str) -> bytes:
         parts = []
         while True:
             chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            parts.append(chunk)
+            if chunk:
+                parts.append(chunk)
+            # a regular file reads short only at its end, which saves the empty read
             if len(chunk) < 1 << 16:
-                # short read of a regular file: at its end (one more read confirms
-                # only when the file is bigger than a chunk)
                 break
     finally:
         os.close(fd)
@@ -253,10 +256,8 @@ def read_workload(prefix, npus, *, required: bool = True,
             if present is None:
                 # a workload for some of the NPUs (one pipeline stage, say): one listing
                 # instead of a failed open per NPU without a trace
-                try:
+                with contextlib.suppress(OSError):
                     present = frozenset(os.listdir(folder or "."))
-                except OSError:
-                    present = None
             continue
         except OSError as e:
             raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None
