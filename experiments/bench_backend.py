@@ -35,6 +35,8 @@ from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
 
 COMBOS = [(tp, pp) for pp in (1, 2) for tp in (1, 2, 4, 8)]
+#: issue #3's target for the subprocess client's per-iteration cost
+TARGET_RATIO = 2.0
 
 
 def _cluster(tp: int, pp: int) -> sim.ClusterConfig:
@@ -128,6 +130,7 @@ def replay_table(requests: int, runs: int) -> None:
     print(f"{'tp':>3s}{'pp':>4s}{'iters':>7s}{'in-process':>12s}{'subprocess':>12s}{'ratio':>7s}"
           f"{'sent':>7s}{'warm in':>9s}{'warm sub':>10s}{'ratio':>7s}{'wall in/sub s':>15s}"
           f"{'identical':>11s}")
+    ratios, warm_ratios = [], []
     for tp, pp in COMBOS:
         res = {}
         for kind in ("inproc", "subprocess"):
@@ -142,6 +145,10 @@ def replay_table(requests: int, runs: int) -> None:
         print(f"{tp:3d}{pp:4d}{a['calls']:7d}{a['us']:12.1f}{b['us']:12.1f}"
               f"{b['us'] / a['us']:7.2f}{b['sent']:7.1%}{a['warm']:9.1f}{b['warm']:10.1f}"
               f"{b['warm'] / a['warm']:7.2f}{a['wall']:7.2f}/{b['wall']:<7.2f}{same!s:>11s}")
+        ratios.append(b["us"] / a["us"])
+        warm_ratios.append(b["warm"] / a["warm"])
+    print(f"subprocess / in-process, worst row: {max(ratios):.2f} fresh, "
+          f"{max(warm_ratios):.2f} warm (target: at most {TARGET_RATIO:g})")
 
 
 def _cold_once(backend, inst, shapes) -> tuple[float, list[int]]:
@@ -160,6 +167,7 @@ def cold_table(iterations: int, runs: int) -> None:
     print(f"\nCold (computation reuse off): {iterations} varied batch shapes, median of {runs}")
     print(f"{'tp':>3s}{'pp':>4s}{'in-process us/iter':>20s}{'subprocess us/iter':>20s}"
           f"{'ratio':>7s}{'identical':>11s}")
+    ratios = []
     for tp, pp in COMBOS:
         res = {}
         for cls in (AstraInprocBackend, AstraSubprocessBackend):
@@ -176,6 +184,11 @@ def cold_table(iterations: int, runs: int) -> None:
         a, b = res["inproc"], res["subprocess"]
         print(f"{tp:3d}{pp:4d}{a[0] * 1e6:20.0f}{b[0] * 1e6:20.0f}{b[0] / a[0]:7.1f}"
               f"{a[1] == b[1]!s:>11s}")
+        if a[0] > 0:
+            ratios.append(b[0] / a[0])
+    print(f"subprocess / in-process, worst row: {max(ratios):.1f} (target: at most "
+          f"{TARGET_RATIO:g}; every part pays for a trace write and read and a pipe round "
+          "trip, which together cost about as much as the in-process call)")
 
 
 def main(argv=None) -> int:
