@@ -142,11 +142,11 @@ def replay_table(requests: int, runs: int) -> None:
                          "csvs": {r["csv"] for pair in rs for r in pair}}
         a, b = res["inproc"], res["subprocess"]
         same = len(a["csvs"] | b["csvs"]) == 1
-        print(f"{tp:3d}{pp:4d}{a['calls']:7d}{a['us']:12.1f}{b['us']:12.1f}"
-              f"{b['us'] / a['us']:7.2f}{b['sent']:7.1%}{a['warm']:9.1f}{b['warm']:10.1f}"
-              f"{b['warm'] / a['warm']:7.2f}{a['wall']:7.2f}/{b['wall']:<7.2f}{same!s:>11s}")
         ratios.append(b["us"] / a["us"])
         warm_ratios.append(b["warm"] / a["warm"])
+        print(f"{tp:3d}{pp:4d}{a['calls']:7d}{a['us']:12.1f}{b['us']:12.1f}"
+              f"{ratios[-1]:7.2f}{b['sent']:7.1%}{a['warm']:9.1f}{b['warm']:10.1f}"
+              f"{warm_ratios[-1]:7.2f}{a['wall']:7.2f}/{b['wall']:<7.2f}{same!s:>11s}")
     print(f"subprocess / in-process, worst row: {max(ratios):.2f} fresh, "
           f"{max(warm_ratios):.2f} warm (target: at most {TARGET_RATIO:g})")
 
@@ -182,9 +182,9 @@ def cold_table(iterations: int, runs: int) -> None:
                 backend.close()
             res[cls.name] = (statistics.median(r[0] for r in rs), rs[0][1])
         a, b = res["inproc"], res["subprocess"]
-        print(f"{tp:3d}{pp:4d}{a[0] * 1e6:20.0f}{b[0] * 1e6:20.0f}{b[0] / a[0]:7.1f}"
-              f"{a[1] == b[1]!s:>11s}")
         ratios.append(b[0] / a[0])
+        print(f"{tp:3d}{pp:4d}{a[0] * 1e6:20.0f}{b[0] * 1e6:20.0f}{ratios[-1]:7.1f}"
+              f"{a[1] == b[1]!s:>11s}")
     print(f"subprocess / in-process, worst row: {max(ratios):.1f} (target: at most "
           f"{TARGET_RATIO:g}; every part pays for a trace write and read and a pipe round "
           "trip, which together cost about as much as the in-process call)")
