@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -65,12 +67,87 @@ def _add_run(sub) -> None:
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """Refuse an output path that cannot be written (a folder, a parent that is a file, no
+    permission) before anything runs, by creating it (and its folder) now; returns it."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {str(p)!r} is a folder; give a file path")
+    existed = p.exists()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
+            from None
+    if not existed:
+        p.unlink(missing_ok=True)
+    return p
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """Refuse a folder that exists as a file or cannot be created or written; returns it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {str(p)!r} is a file; give a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
+            from None
+    return p
+
+
+def _check_run_flags(args) -> None:
+    """Flags checked before any file is read or anything simulated."""
+    from sim.options import vllm_refusal
+
+    if args.num_reqs is not None and args.num_reqs < 1:
+        raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
+    iv = args.timeseries_interval_s
+    if not math.isfinite(iv) or iv * 1e9 < 1:
+        raise InputError(f"--timeseries-interval-s must be a positive number of seconds "
+                         f"(>= 1e-9), got {iv}")
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    for d in args.profiles:
+        if not Path(d).is_dir():
+            raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
+                             "<HW>/<org>/<model>/<variant>/)")
+    why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
+    if why:
+        raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
+    out = check_output_file(args.output, "--output")
+    if args.summary:
+        check_output_file(args.summary, "--summary")
+    if args.timeseries:
+        check_output_file(args.timeseries, "--timeseries")
+    for suffix, flag in ((".summary.json", "--summary"), (".timeseries.csv", "--timeseries")):
+        default = Path(str(out.with_suffix("")) + suffix)
+        if default.is_dir():
+            raise InputError(f"{flag} (default {str(default)!r}) is a folder; give {flag}")
+
+
+def _check_instance_limits(cluster, opts) -> None:
+    """vLLM's refusals for each instance's own scheduler settings (cluster overrides)."""
+    from sim.options import vllm_refusal
+
+    for inst in cluster.instances:
+        o = opts.for_instance(inst.overrides)
+        why = vllm_refusal(o.max_num_seqs, o.max_num_batched_tokens, o.block_size)
+        if why and inst.overrides:
+            raise InputError(f"{cluster.source}: instance {inst.instance_id}: {why}")
+
+
 def _run(args) -> int:
     import sim
     from sim.options import SimOptions
 
-    if args.num_reqs is not None and args.num_reqs < 1:
-        raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
+    _check_run_flags(args)
     cluster = sim.load_cluster(args.cluster)
     workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
     opts = SimOptions(
@@ -88,6 +165,8 @@ def _run(args) -> int:
         computation_reuse=args.computation_reuse,
         timeseries_interval_ns=int(args.timeseries_interval_s * 1e9),
         progress=sys.stderr.isatty())
+    _check_instance_limits(cluster, opts)
+    sim.validate_cluster(cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     out = Path(args.output)
     summary = args.summary or str(out.with_suffix("")) + ".summary.json"
@@ -162,6 +241,7 @@ def _astra_config(args) -> int:
     import sim
     from sim.config_builder import build_layout, write_layout
 
+    check_output_dir(args.out, "--out")
     cluster = sim.load_cluster(args.cluster)
     layout = build_layout(cluster, collective_impl=args.collective)
     paths = write_layout(layout, args.out)
@@ -215,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         return _profile(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except OSError as exc:  # a file that changed under us after the checks
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
 
 

@@ -85,18 +85,30 @@ class ClusterConfig:
         return replace(self, **kw)
 
 
-def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=False):
+#: no field of a cluster is meaningfully this large (GiB, GB/s, ns, counts): a typo
+MAX_FIELD = 1e15
+#: memory sizes (GiB) above 1 PiB cannot be a device or a node
+MAX_MEM_GIB = float(1 << 20)
+
+
+def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=False,
+         maximum: float = MAX_FIELD):
+    """A finite number from ``d[key]``: > 0 when ``positive``, else >= 0; at most ``maximum``."""
     if key not in d or d[key] is None:
         if default is None:
             raise InputError(f"missing field {key!r}", source=where)
         return default
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
         raise InputError(f"field {key!r} must be a number, got {v!r}", source=where)
-    if integer and int(v) != v:
+    if integer and (v in (float("inf"), float("-inf")) or int(v) != v):
         raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
     if positive and v <= 0:
         raise InputError(f"field {key!r} must be > 0, got {v!r}", source=where)
+    if v < 0:
+        raise InputError(f"field {key!r} must be >= 0, got {v!r}", source=where)
+    if v > maximum:
+        raise InputError(f"field {key!r} must be <= {maximum:.15g}, got {v!r}", source=where)
     return int(v) if integer else float(v)
 
 
@@ -107,7 +119,7 @@ def _mem(d: Any, where: str, *, need_util: bool) -> MemorySpec:
     if not 0 < util <= 1:
         raise InputError(f"field 'mem_util' must be in (0, 1], got {util}", source=where)
     return MemorySpec(
-        mem_size_gib=_num(d, "mem_size", where),
+        mem_size_gib=_num(d, "mem_size", where, maximum=MAX_MEM_GIB),
         mem_bw_GBps=_num(d, "mem_bw", where),
         mem_latency_ns=_num(d, "mem_latency", where, default=0.0, positive=False),
         mem_util=util,
@@ -183,24 +195,69 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
                                 power=nd.get("power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
-    link_lat = data.get("link_latency", 0)
     return ClusterConfig(nodes=tuple(nodes),
-                         link_bw_GBps=data.get("link_bw", 16.0),
-                         link_latency_ns=link_lat, cxl_mem=data.get("cxl_mem"), source=source,
+                         link_bw_GBps=_per_dim_field(data, "link_bw", 16.0, source, positive=True),
+                         link_latency_ns=_per_dim_field(data, "link_latency", 0.0, source,
+                                                        positive=False),
+                         cxl_mem=_cxl(data.get("cxl_mem"), source), source=source,
                          raw=data)
+
+
+def _per_dim_field(data: dict, key: str, default: float, source: str, *,
+                   positive: bool) -> float | list:
+    """link_bw (GB/s, > 0) or link_latency (ns, >= 0): a number, or a list of them (one per
+    network dimension). Checked here, whatever the number of NPUs, so a bad link is refused
+    even where no collective would use it."""
+    v = data.get(key)
+    if isinstance(v, list):
+        if not v:
+            raise InputError(f"field {key!r} must be a number or a non-empty list of numbers",
+                             source=source)
+        return [_num({key: x}, key, source, positive=positive) if x is not None else
+                _num({key: "null"}, key, source) for x in v]
+    return _num(data, key, source, default=default, positive=positive)
+
+
+def _cxl(raw: Any, source: str) -> dict | None:
+    """cxl_mem: {mem_size, mem_bw, mem_latency, num_devices}, all numbers."""
+    if raw is None:
+        return None
+    where = f"{source}: cxl_mem"
+    if not isinstance(raw, dict):
+        raise InputError("must be an object with mem_size, mem_bw, mem_latency, num_devices",
+                         source=where)
+    _check_keys(raw, {"mem_size", "mem_bw", "mem_latency", "num_devices"}, where)
+    _num(raw, "mem_size", where, maximum=MAX_MEM_GIB)
+    _num(raw, "mem_bw", where)
+    _num(raw, "mem_latency", where, default=0.0, positive=False)
+    _num(raw, "num_devices", where, default=1, integer=True)
+    return raw
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_cluster(path: str | Path) -> ClusterConfig:
     """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); a "
+                         "cluster config is a JSON or YAML text file", source=str(path)) from None
     except OSError as exc:
-        raise InputError(f"cannot read cluster config: {exc.strerror}", source=str(path)) from None
+        raise InputError(f"cannot read cluster config: {exc.strerror or exc}",
+                         source=str(path)) from None
     try:
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else \
+            json.loads(text, parse_constant=_refuse_constant)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"malformed cluster config: {exc}", source=str(path)) from None
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"malformed cluster config: {msg}", source=str(path)) from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"malformed cluster config: {exc or 'nested too deeply'}",
+                         source=str(path)) from None
     return parse_cluster(data, str(path))
 
 

@@ -89,6 +89,31 @@ class SimOptions:
                              "needs --enable-attn-offloading")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
+        if not isinstance(self.timeseries_interval_ns, int) or self.timeseries_interval_ns < 1:
+            raise InputError("option timeseries_interval_ns must be a positive integer, got "
+                             f"{self.timeseries_interval_ns!r}")
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))
+
+
+#: block sizes vLLM 0.19 accepts (vllm/config/cache.py, ``BlockSize``)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> str | None:
+    """Why vLLM would refuse to start with these scheduler settings, or None.
+
+    vLLM's SchedulerConfig refuses a token budget below max_num_seqs (whether or not
+    chunked prefill is on) and its CacheConfig a block size outside ``VLLM_BLOCK_SIZES``.
+    A budget of 0 means "no budget" here (LLMServingSim's decode instances) and is allowed.
+    The simulator itself could run these; the user-facing entry points (``llmsim run``,
+    the search) refuse them so that nothing is simulated that vLLM would not serve.
+    """
+    if block_size not in VLLM_BLOCK_SIZES:
+        return (f"block_size {block_size} is not one vLLM accepts; allowed: "
+                + ", ".join(map(str, VLLM_BLOCK_SIZES)))
+    if 0 < max_num_batched_tokens < max_num_seqs:
+        return (f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}), as vLLM requires")
+    return None

@@ -46,16 +46,22 @@ class Workload:
         return len(self.all_requests())
 
 
+_MAX_INT = 2**63 - 1
+
+
 def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0) -> int:
     if key not in obj or obj[key] is None:
         if required:
             raise InputError(f"missing field {key!r}", source=where)
         return default
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or int(v) != v:
         raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
     if v < 0:
         raise InputError(f"field {key!r} must be >= 0, got {v!r}", source=where)
+    if v > _MAX_INT:
+        raise InputError(f"field {key!r} must be < 2**63, got {v!r}", source=where)
     return int(v)
 
 
@@ -68,6 +74,8 @@ def _ids(obj: dict, key: str, n: int, where: str) -> list[int] | None:
     if len(ids) != n:
         raise InputError(f"field {key!r} has {len(ids)} ids but the count field says {n}",
                          source=where)
+    if not all(type(t) is int and 0 <= t <= _MAX_INT for t in ids):
+        raise InputError(f"field {key!r} must hold integer token ids >= 0", source=where)
     return ids
 
 
@@ -86,6 +94,10 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
                    tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) -> Workload:
     requests: list[Request] = []
     rid = 0
@@ -97,10 +109,14 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
             continue
         where = f"{source}:{lineno}"
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_refuse_constant)
         except json.JSONDecodeError as exc:
             raise InputError(f"malformed JSON ({exc.msg} at column {exc.colno})",
                              source=where) from None
+        except ValueError as exc:  # NaN / Infinity, which JSON does not allow
+            raise InputError(f"malformed JSON ({exc})", source=where) from None
+        except RecursionError:
+            raise InputError("malformed JSON (nested too deeply)", source=where) from None
         if not isinstance(obj, dict):
             raise InputError("each line must be a JSON object", source=where)
         arrival = _int_field(obj, "arrival_time_ns", where, required=False)
@@ -134,10 +150,13 @@ def load_jsonl(path: str | Path, limit: int | None = None) -> Workload:
     """Load a JSONL workload; ``limit`` keeps the first N entries (sessions count as one)."""
     path = Path(path)
     try:
-        with path.open() as fh:
+        with path.open(encoding="utf-8") as fh:
             return parse_jsonl_lines(fh, str(path), limit)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
+                         "a workload is a JSONL text file", source=str(path)) from None
     except OSError as exc:
-        raise InputError(f"cannot read workload: {exc.strerror}", source=str(path)) from None
+        raise InputError(f"cannot read workload: {exc.strerror or exc}", source=str(path)) from None
 
 
 # ---------------------------------------------------------------------------- generators
@@ -225,27 +244,101 @@ def generate(spec: WorkloadSpec) -> Workload:
                     closed_loop_clients=spec.concurrency)
 
 
-def workload_from_mapping(d: dict[str, Any], source: str = "<workload spec>") -> WorkloadSpec:
-    """Build a WorkloadSpec from a YAML/JSON mapping (used by the CLI and the search)."""
-    def dist(key: str, default: LengthDist) -> LengthDist:
-        v = d.get(key)
-        if v is None:
-            return default
-        if isinstance(v, int):
-            return LengthDist("fixed", v)
-        if not isinstance(v, dict):
-            raise InputError(f"field {key!r} must be an int or a mapping", source=source)
-        allowed = {"kind", "value", "low", "high", "theta", "path"}
-        bad = set(v) - allowed
-        if bad:
-            raise InputError(f"{key}: unknown field(s) {sorted(bad)}; allowed: {sorted(allowed)}",
-                             source=source)
-        return LengthDist(**v)
+#: generated requests live in memory: more than this is a typo, not a workload
+MAX_GENERATED = 10_000_000
+_LENGTH_KINDS = ("fixed", "uniform", "zipf", "file")
+_SPEC_KEYS = ("num_requests", "arrival", "rate", "cv", "input", "output", "seed",
+              "concurrency", "sample_file")
 
-    spec = WorkloadSpec(
-        num_requests=int(d.get("num_requests", 100)), arrival=str(d.get("arrival", "poisson")),
-        rate=float(d.get("rate", 10.0)), cv=float(d.get("cv", 1.0)),
-        input=dist("input", LengthDist("fixed", 512)), output=dist("output", LengthDist("fixed", 128)),
-        seed=int(d.get("seed", 0)), concurrency=int(d.get("concurrency", 0)),
-        sample_file=d.get("sample_file"))
-    return spec
+
+def _spec_num(d: dict, key: str, default, source: str, *, integer: bool, low: float,
+              exclusive: bool = False):
+    """A finite number >= low (> low when exclusive) from a spec mapping, or InputError."""
+    v = d.get(key, default)
+    if v is None:
+        v = default
+    kind = "an integer" if integer else "a number"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (integer and int(v) != v):
+        raise InputError(f"field {key!r} must be {kind}, got {v!r}", source=source)
+    if v < low or (exclusive and v == low):
+        raise InputError(f"field {key!r} must be {'>' if exclusive else '>='} {low}, got {v!r}",
+                         source=source)
+    if v > _MAX_INT:
+        raise InputError(f"field {key!r} must be < 2**63, got {v!r}", source=source)
+    return int(v) if integer else float(v)
+
+
+def _length_dist(key: str, v: Any, default: LengthDist, source: str) -> LengthDist:
+    """Validate one length distribution (``input`` or ``output``) of a generator spec."""
+    where = f"{source}: {key}"
+    if v is None:
+        return default
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = {"kind": "fixed", "value": v}
+    if not isinstance(v, dict):
+        raise InputError(f"field {key!r} must be an integer length >= 1 or a mapping "
+                         "{kind, value, low, high, theta, path}", source=source)
+    allowed = {"kind", "value", "low", "high", "theta", "path"}
+    bad = set(v) - allowed
+    if bad:
+        raise InputError(f"{key}: unknown field(s) {sorted(map(str, bad))}; allowed: "
+                         f"{sorted(allowed)}", source=source)
+    kind = v.get("kind", "fixed")
+    if kind not in _LENGTH_KINDS:
+        raise InputError(f"{key}.kind: unknown {kind!r}; known: {', '.join(_LENGTH_KINDS)}",
+                         source=source)
+    d = LengthDist(kind=kind)
+    if kind == "fixed":
+        d.value = _spec_num(v, "value", 128, where, integer=True, low=1)
+    elif kind in ("uniform", "zipf"):
+        d.low = _spec_num(v, "low", 1, where, integer=True, low=1)
+        d.high = _spec_num(v, "high", 1024, where, integer=True, low=1)
+        if d.low > d.high:
+            raise InputError(f"low ({d.low}) must be <= high ({d.high})", source=where)
+        if kind == "zipf":
+            if d.high - d.low > 10_000_000:
+                raise InputError("zipf range high - low must be <= 10,000,000", source=where)
+            d.theta = _spec_num(v, "theta", 1.1, where, integer=False, low=0, exclusive=True)
+    else:
+        if not isinstance(v.get("path"), str) or not v["path"]:
+            raise InputError("a 'file' length distribution needs 'path' (a JSONL workload)",
+                             source=where)
+        d.path = v["path"]
+        load_jsonl(d.path)  # validated now, not when a trial first samples from it
+    return d
+
+
+def workload_from_mapping(d: dict[str, Any], source: str = "<workload spec>") -> WorkloadSpec:
+    """Build and validate a WorkloadSpec from a YAML/JSON mapping (used by the CLI and the
+    search). Every field is checked here, so ``generate`` cannot fail on the spec later."""
+    if not isinstance(d, dict):
+        raise InputError("a workload spec must be a mapping", source=source)
+    bad = [k for k in d if k not in _SPEC_KEYS]
+    if bad:
+        raise InputError(f"unknown field {bad[0]!r}; allowed: {', '.join(_SPEC_KEYS)}",
+                         source=source)
+    arrival = d.get("arrival", "poisson")
+    if arrival not in ("poisson", "gamma"):
+        raise InputError(f"field 'arrival' must be poisson or gamma, got {arrival!r}",
+                         source=source)
+    sample_file = d.get("sample_file")
+    if sample_file is not None:
+        if not isinstance(sample_file, str) or not sample_file:
+            raise InputError("field 'sample_file' must be a path to a JSONL workload",
+                             source=source)
+        load_jsonl(sample_file)
+    num_requests = _spec_num(d, "num_requests", 100, source, integer=True, low=1)
+    if num_requests > MAX_GENERATED:
+        raise InputError(f"field 'num_requests' must be <= {MAX_GENERATED:,}, got "
+                         f"{num_requests}", source=source)
+    return WorkloadSpec(
+        num_requests=num_requests,
+        arrival=arrival,
+        rate=_spec_num(d, "rate", 10.0, source, integer=False, low=0, exclusive=True),
+        cv=_spec_num(d, "cv", 1.0, source, integer=False, low=0, exclusive=True),
+        input=_length_dist("input", d.get("input"), LengthDist("fixed", 512), source),
+        output=_length_dist("output", d.get("output"), LengthDist("fixed", 128), source),
+        seed=_spec_num(d, "seed", 0, source, integer=True, low=0),
+        concurrency=_spec_num(d, "concurrency", 0, source, integer=True, low=0),
+        sample_file=sample_file)
