@@ -2,6 +2,8 @@
 
     dse search SPACE.yaml [--out DIR] [--n-trials N] [--workers N] [--ray-address A]
                [--tracking-uri U] [--resume | --fresh] [--deterministic] [--seed S]
+               [--backend inproc|subprocess]
+    dse check SPACE.yaml  validate a space (and the files it names) without running it
     dse report DIR        re-render trials.csv, pareto.csv, report.html, best/
     dse show DIR          the Pareto table in the terminal
     dse ui DIR            start the MLflow UI on the study's store and print its URL
@@ -18,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXIT_INPUT_ERROR = 2
+from sim.errors import EXIT_INPUT_ERROR, InputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,9 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("space", help="search-space YAML file")
     s.add_argument("--out", help="output folder (default runs/<space name>)")
     s.add_argument("--n-trials", type=int, help="COMPLETE trials to reach (overrides the YAML)")
-    s.add_argument("--workers", type=int, help="Ray workers (default: free CPUs); 0 runs "
-                   "trials in this process without Ray")
-    s.add_argument("--ray-address", help="join this Ray cluster (also RAY_ADDRESS)")
+    s.add_argument("--workers", type=int, help="Ray actors (default: one per free CPU of the "
+                   "Ray cluster); 0 runs trials in this process without Ray")
+    s.add_argument("--ray-address", help="join this Ray cluster, HOST:PORT of its head "
+                   "(also RAY_ADDRESS); default: start a local Ray")
+    s.add_argument("--backend", choices=("inproc", "subprocess"),
+                   help="system simulator of each worker: subprocess = one long-lived "
+                        "astra-sim process per worker, inproc = in the worker's process "
+                        "(overrides the space's simulator.backend)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///OUT/mlflow.db)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--resume", dest="fresh", action="store_false", default=False,
@@ -42,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="ask a batch, wait for all, tell in order: same seed, same trials")
     s.add_argument("--seed", type=int, help="sampler seed (overrides the YAML)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = sub.add_parser("check", help="validate a search space without running it")
+    c.add_argument("space", help="search-space YAML file")
     r = sub.add_parser("report", help="re-render the report of a search folder")
     r.add_argument("dir")
     sh = sub.add_parser("show", help="print the Pareto table")
@@ -55,23 +64,49 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(name: str, v: int | None, minimum: int = 1) -> None:
-    from dse._simapi import InputError
-
     if v is not None and v < minimum:
         raise InputError(f"{name}: must be >= {minimum}, got {v}")
+
+
+def load_checked(path: str, backend: str | None = None):
+    """Load a space and check what every trial would share (its cluster block, the files it
+    names), so no mistake is left for the trials to find."""
+    import dataclasses
+
+    from dse.config import check_space_cluster
+    from dse.space import load_space
+
+    space = load_space(path)
+    if backend is not None:
+        space = dataclasses.replace(space, simulator={**space.simulator, "backend": backend})
+    check_space_cluster(space)
+    return space
+
+
+def cmd_check(a) -> int:
+    from dse.study import _distinct_configurations
+
+    space = load_checked(a.space)
+    n = _distinct_configurations(space)
+    print(f"{a.space}: ok: {space.model} on {', '.join(space.hardware)}, "
+          f"{len(space.knobs)} knob(s), "
+          + (f"{n} distinct configuration(s)" if n is not None else "an unbounded space"))
+    return 0
 
 
 def cmd_search(a) -> int:
     from rich.console import Console
 
-    from dse.space import load_space
+    from dse.store import check_out_dir, check_tracking_uri
     from dse.study import Driver
 
     _positive("--n-trials", a.n_trials)
     _positive("--workers", a.workers, 0)
     _positive("--seed", a.seed, 0)
-    space = load_space(a.space)
-    out = Path(a.out or Path("runs") / space.name)
+    if a.tracking_uri is not None:
+        check_tracking_uri(a.tracking_uri)
+    space = load_checked(a.space, a.backend)
+    out = check_out_dir(Path(a.out or Path("runs") / space.name))
     console = Console(stderr=True)
     driver = Driver(space, out, n_trials=a.n_trials, workers=a.workers,
                     ray_address=a.ray_address, tracking_uri=a.tracking_uri, fresh=a.fresh,
@@ -79,7 +114,9 @@ def cmd_search(a) -> int:
                     progress=not a.no_progress, console=console)
     res = driver.run()
     print(f"{res.complete} trials complete ({res.feasible} feasible, {res.rejected} rejected "
-          f"before simulation, {res.failed} failed) in {res.wall_s:.1f}s"
+          f"before simulation, {res.failed} failed) in {res.wall_s:.1f}s on {res.pool}"
+          + (f"; {res.repeats} repeated configuration(s) answered from stored results"
+             if res.repeats else "")
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
              else "") + f"; MLflow logging {res.tracking_s:.1f}s")
     print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
@@ -107,19 +144,19 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     from rich.console import Console
     from rich.table import Table
 
-    from dse._simapi import InputError
-
     path = out / ("trials.csv" if show_all else "pareto.csv")
     if not path.exists():
         raise InputError(f"{out}: no {path.name}; run `dse search` (or `dse report {out}`)")
-    meta_path = out / "study.json"
-    import json
+    from dse.store import read_meta
 
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_meta(out)
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         df = pd.DataFrame()
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+        raise InputError(f"{path}: unreadable ({str(exc).splitlines()[0][:200]}); rerun "
+                         f"`dse report {out}`") from None
     console = console or Console()
     if not console.is_terminal:
         console = Console(width=200, file=console.file)
@@ -167,20 +204,32 @@ def cmd_show(a) -> int:
     return _show(Path(a.dir), show_all=a.all)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on (the UI would die after its start-up)."""
+    import socket
+
+    if not 0 < port < 65536:
+        raise InputError(f"--port: must be in 1..65535, got {port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"--port {port}: cannot listen on {host}:{port} "
+                             f"({exc.strerror or exc}); choose another --port") from None
+
+
 def cmd_ui(a) -> int:
-    from dse._simapi import InputError
+    from dse.store import STUDY_JSON, default_tracking_uri, read_meta
 
     out = Path(a.dir)
-    import json
-
-    meta_path = out / "study.json"
-    if not meta_path.exists():
-        raise InputError(f"{out}: not a dse search folder (no study.json)")
-    uri = json.loads(meta_path.read_text()).get("tracking_uri") or \
-        f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    if not uri.startswith("sqlite"):
+    meta = read_meta(out)
+    if not meta:
+        raise InputError(f"{out}: not a dse search folder (no {STUDY_JSON})")
+    uri = meta.get("tracking_uri") or default_tracking_uri(out)
+    if not str(uri).startswith("sqlite"):
         print(f"This study logs to a tracking server: {uri}")
         return 0
+    _check_port_free(a.host, a.port)
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
            uri, "--host", a.host, "--port", str(a.port)]
@@ -202,13 +251,13 @@ def cmd_ui(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dse._simapi import InputError
-
     parser = _parser()
     a = parser.parse_args(argv)
     try:
         if a.cmd == "search":
             return cmd_search(a)
+        if a.cmd == "check":
+            return cmd_check(a)
         if a.cmd == "report":
             return cmd_report(a)
         if a.cmd == "show":

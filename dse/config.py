@@ -8,13 +8,13 @@ configuration as the equivalent ``vllm serve`` command line.
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from dse import _simapi as simapi
-from dse._simapi import InputError
 from dse.space import Space, pd_split
+from sim.errors import InputError
 
 #: knobs that become SimOptions fields (the rest shape the cluster)
 OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
@@ -55,7 +55,7 @@ def build_cluster(space: Space, params: dict) -> dict:
         pd_types = ["prefill"]
     instance_base: dict[str, Any] = {
         "model_name": space.model, "hardware": hw,
-        "npu_mem": {"mem_size": cd.get("npu_mem_size") or info.mem_gib,
+        "npu_mem": {"mem_size": cd.get("npu_mem_size") or info.mem_size_GiB,
                     "mem_bw": cd.get("npu_mem_bw") or info.mem_bw_GBps,
                     "mem_latency": 0, "mem_util": cd.get("mem_util", 0.9)},
         "num_npus": per, "tp_size": int(params["tp"]), "pp_size": int(params["pp"]),
@@ -171,15 +171,42 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
                 f"over the budget of {space.total_devices}")
     if cfg.params.get("pd") and cfg.summary["replicas"] < 2:
         return "PD disaggregation needs at least 2 instances (one prefill, one decode)"
+    from sim.options import vllm_refusal
+
+    p = cfg.params
+    why = vllm_refusal(int(p["max_num_seqs"]), int(p["max_num_batched_tokens"]),
+                       int(p["block_size"]))
+    if why:
+        return why
     try:
         import sim
 
-        cluster = simapi.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
-        simapi.validate_cluster(cluster, sim.SimOptions(**cfg.options))
+        cluster = sim.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
+        sim.validate_cluster(cluster, sim.SimOptions(**cfg.options))
     except InputError as exc:
         msg = str(exc)
         return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg
     return None
+
+
+def config_key(params: dict) -> str:
+    """The identity of a configuration: two trials with the same key are the same
+    simulation. ``params`` should be completed (``space.complete``) first. The one place
+    that decides when parameter sets repeat (point it at a canonical form to also merge
+    configurations that differ only in knobs without effect)."""
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def check_space_cluster(space: Space) -> None:
+    """Refuse, at load, cluster settings sim would refuse in every trial (a space's
+    ``cluster:`` block builds every trial's cluster): one probe cluster, parsed by sim."""
+    import sim
+
+    params = space.complete({})
+    try:
+        sim.parse_cluster(build_cluster(space, params), source="cluster")
+    except InputError as exc:
+        raise InputError(f"{space.path}: {exc}") from None
 
 
 def vllm_command(space: Space, params: dict) -> str:

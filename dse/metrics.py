@@ -79,7 +79,7 @@ def rejected_constraints(space: Space) -> dict[str, float]:
 def price_per_hour(space: Space, hardware: str) -> float | None:
     if space.price_per_device_hour is not None:
         return space.price_per_device_hour
-    return space.hw_info[hardware].price_per_hour
+    return space.hw_info[hardware].price_per_hour_usd
 
 
 def objective_values(space: Space, summary: dict, slo_eval: dict, devices: int,

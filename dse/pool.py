@@ -1,25 +1,32 @@
-"""Worker pools: long-lived Ray actors (default) or the driver process itself.
+"""Worker pools: long-lived Ray actors (the default) or the driver process itself.
 
-The Ray pool is sized from ``ray.available_resources()`` (an actor whose resources cannot
-be met would stay pending forever), every wait has a timeout, and a trial whose actor
-dies is retried once on a fresh actor before it is reported as failed.
+The Ray pool starts local Ray or joins a cluster (``--ray-address`` / ``RAY_ADDRESS``),
+and is sized from the cluster's CPUs (one actor per free CPU; an actor whose resources
+cannot be met would stay pending forever). Every wait has a timeout. A trial whose actor
+dies (its process or its whole node) is retried once on another actor; a replacement actor
+is started, and used only once Ray has placed it, so a pool that lost a node goes on, smaller,
+on the nodes that are left.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dse.space import Space
-from dse.worker import SimWorker, _Workloads, evaluate
+from dse.worker import SimWorker, TrialResult, _Workloads, evaluate, node_identity
+from sim.errors import InputError
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 2  # first try + one retry on a fresh actor
 
 
@@ -41,6 +48,7 @@ class LocalPool:
         self.size = 1
         self._workloads = _Workloads()
         self._queue: deque[dict] = deque()
+        self._node = ("driver", socket.gethostname())
 
     def start(self) -> LocalPool:
         return self
@@ -56,13 +64,10 @@ class LocalPool:
     def submit(self, task: dict) -> None:
         self._queue.append(task)
 
-    def poll(self, timeout: float = 0.5) -> list[dict]:
+    def poll(self, timeout: float = 0.5) -> list[TrialResult]:
         out = []
         while self._queue:
-            task = self._queue.popleft()
-            res = evaluate(self.space, task, self._workloads)
-            res["attempts"] = 1
-            out.append(res)
+            out.append(evaluate(self.space, self._queue.popleft(), self._workloads, self._node))
         return out
 
     def pids(self) -> dict[int, int]:
@@ -72,7 +77,31 @@ class LocalPool:
         self._queue.clear()
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+# ---------------------------------------------------------------- joining Ray
+def _token_available() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return True
+    return (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def _probe_address(address: str, timeout: float) -> None:
+    """Refuse an address nothing listens at, within ``timeout`` seconds (Ray itself would
+    retry for minutes)."""
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InputError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head (the "
+                         "GCS port `ray start --head` prints), 'auto', or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise InputError(f"--ray-address {address!r}: no Ray head answers there within "
+                         f"{timeout:g}s ({exc.strerror or exc}); start one with `ray start "
+                         "--head`, or leave --ray-address out to run a local Ray") from None
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None,
+             connect_timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """Start local Ray (or join ``address``/RAY_ADDRESS). Returns True if we started it."""
     import ray
 
@@ -81,11 +110,31 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS") or None
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                           "log_to_driver": False}
-    if address:
-        ray.init(address=address, **kw)
-    else:
+    if not address:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kw)
-    return True
+        return True
+    if address != "auto":
+        _probe_address(address, connect_timeout)
+    # Ray 2.60 turns token authentication on for clusters started without RAY_AUTH_MODE and
+    # keeps the token in ~/.ray/auth_token; a client must then ask for token mode itself.
+    if "RAY_AUTH_MODE" not in os.environ and _token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        ray.init(address=address, **kw)
+    except Exception as exc:  # noqa: BLE001 - ConnectionError, AuthenticationError, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise InputError(f"--ray-address {address!r}: cannot join the Ray cluster ({first}). "
+                         "If the head uses token authentication (Ray's default), give this "
+                         "machine its token: RAY_AUTH_MODE=token with ~/.ray/auth_token or "
+                         "RAY_AUTH_TOKEN") from None
+    return False
+
+
+def cluster_cpus() -> int:
+    """Free CPUs of the Ray cluster this process is connected to."""
+    import ray
+
+    return int(ray.available_resources().get("CPU", 0))
 
 
 class RayPool:
@@ -102,6 +151,7 @@ class RayPool:
         self.size = 0
         self._started_ray = False
         self._idle: list[Any] = []
+        self._starting: dict[Any, Any] = {}  # where() ref -> actor, not placed yet
         self._running: dict[Any, tuple[Any, _Job]] = {}  # ref -> (actor, job)
         self._pending: deque[_Job] = deque()
         self._space_ref = None
@@ -112,10 +162,10 @@ class RayPool:
         import ray
 
         self._started_ray = init_ray(self.address)
-        avail = int(ray.available_resources().get("CPU", 0))
+        avail = cluster_cpus()
         if avail < 1:
-            raise RuntimeError("Ray reports no free CPU for workers "
-                               f"(available: {ray.available_resources()})")
+            raise InputError("the Ray cluster has no free CPU for workers (available: "
+                             f"{ray.available_resources()}); free some, or run --workers 0")
         self.size = min(self.requested, avail) if self.requested else avail
         self._actor_cls = ray.remote(SimWorker).options(
             num_cpus=1, max_restarts=0, max_task_retries=0,
@@ -123,7 +173,7 @@ class RayPool:
         self._space_ref = ray.put(self.space)
         actors = [self._actor_cls.remote(self._space_ref) for _ in range(self.size)]
         _, not_ready = ray.wait([a.pid.remote() for a in actors], num_returns=len(actors),
-                                    timeout=START_TIMEOUT_S)
+                                timeout=START_TIMEOUT_S)
         if not_ready:
             for a in actors:
                 ray.kill(a)
@@ -135,19 +185,21 @@ class RayPool:
     def shutdown(self) -> None:
         import ray
 
-        for a in self._idle + [a for a, _ in self._running.values()]:
+        for a in (self._idle + list(self._starting.values())
+                  + [a for a, _ in self._running.values()]):
             try:
                 ray.kill(a)
             except Exception as exc:  # noqa: BLE001 - already gone
                 log.debug("kill: %s", exc)
-        self._idle, self._running = [], {}
+        self._idle, self._running, self._starting = [], {}, {}
         if self._started_ray:
             ray.shutdown()
 
     # ---------------------------------------------------------------- work
     @property
     def free(self) -> int:
-        return max(0, self.size - len(self._running) - len(self._pending))
+        """Trials that could start now: placed, idle actors not claimed by a queued job."""
+        return max(0, len(self._idle) - len(self._pending))
 
     @property
     def in_flight(self) -> int:
@@ -169,70 +221,96 @@ class RayPool:
         self._pending.append(_Job(task))
         self._dispatch()
 
-    def _fresh_actor(self):
-        return self._actor_cls.remote(self._space_ref)
+    def _replace_actor(self) -> None:
+        """Start a replacement actor; it joins the idle list once Ray has placed it."""
+        actor = self._actor_cls.remote(self._space_ref)
+        self._starting[actor.where.remote()] = actor
+
+    def _adopt_started(self) -> None:
+        import ray
+
+        if not self._starting:
+            return
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        for ref in ready:
+            actor = self._starting.pop(ref)
+            try:
+                ray.get(ref, timeout=10)
+                self._idle.append(actor)
+            except Exception as exc:  # noqa: BLE001 - died before it was placed: try again
+                log.debug("replacement actor failed to start: %s", exc)
+                self._replace_actor()
 
     def _dispatch(self) -> None:
+        self._adopt_started()
         while self._pending and self._idle:
             job = self._pending.popleft()
             actor = self._idle.pop()
             job.started = time.monotonic()
             self._running[actor.run.remote(job.task)] = (actor, job)
 
-    def poll(self, timeout: float = 0.5) -> list[dict]:
+    def poll(self, timeout: float = 0.5) -> list[TrialResult]:
         """Results that finished within ``timeout`` seconds (retries handled here)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, WorkerCrashedError
 
         self._dispatch()
         if not self._running:
+            if self._pending:
+                time.sleep(min(timeout, 0.2))  # waiting for a replacement actor
             return []
         ready, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout)
-        # collect everything else that is already done, without waiting again
-        if ready:
+        if ready:  # collect everything else that is already done, without waiting again
             more, _ = ray.wait([r for r in self._running if r not in ready],
                                num_returns=len(self._running) - len(ready), timeout=0)
             ready += more
-        out = []
+        out: list[TrialResult] = []
         for ref in ready:
-            actor, job = self._running.pop(ref)
-            try:
-                res = ray.get(ref, timeout=30)
-                res["attempts"] = job.attempt
-                out.append(res)
-                self._idle.append(actor)
-            except (RayActorError, WorkerCrashedError) as exc:
-                self._on_death(actor, job, f"worker died: {type(exc).__name__}", out)
-            except GetTimeoutError:
-                self._on_death(actor, job, "worker did not return its result", out)
-            except Exception as exc:  # noqa: BLE001 - a bug in evaluate(): fail the trial
-                out.append({"number": job.task["number"], "error": repr(exc),
-                            "attempts": job.attempt})
-                self._idle.append(actor)
+            self._collect(ref, out)
         now = time.monotonic()
         for ref, (actor, job) in list(self._running.items()):
             if now - job.started > self.trial_timeout_s:
                 del self._running[ref]
                 ray.kill(actor)
-                self._idle.append(self._fresh_actor())
-                out.append({"number": job.task["number"], "attempts": job.attempt,
-                            "error": f"timed out after {self.trial_timeout_s:.0f}s"})
+                self._replace_actor()
+                out.append(TrialResult(job.task["number"], attempts=job.attempt,
+                                       error=f"timed out after {self.trial_timeout_s:.0f}s"))
         self._dispatch()
         return out
 
-    def _on_death(self, actor, job: _Job, why: str, out: list) -> None:
+    def _collect(self, ref, out: list[TrialResult]) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, WorkerCrashedError
+
+        actor, job = self._running.pop(ref)
+        try:
+            res = ray.get(ref, timeout=30)
+            res.attempts = job.attempt
+            out.append(res)
+            self._idle.append(actor)
+        except (RayActorError, WorkerCrashedError) as exc:
+            self._on_death(actor, job, f"worker died: {type(exc).__name__}", out)
+        except GetTimeoutError:
+            self._on_death(actor, job, "worker did not return its result", out)
+        except Exception as exc:  # noqa: BLE001 - a bug in evaluate(): fail the trial
+            out.append(TrialResult(job.task["number"], attempts=job.attempt, error=repr(exc)))
+            self._idle.append(actor)
+
+    def _on_death(self, actor, job: _Job, why: str, out: list[TrialResult]) -> None:
         import ray
 
         try:
             ray.kill(actor)
         except Exception as exc:  # noqa: BLE001 - already dead
             log.debug("kill: %s", exc)
-        self._idle.append(self._fresh_actor())
+        self._replace_actor()
         job.errors.append(why)
         if job.attempt < MAX_ATTEMPTS:
-            log.warning("trial %s: %s; retrying on a fresh worker", job.task["number"], why)
+            log.warning("trial %s: %s; retrying on another worker", job.task["number"], why)
             job.attempt += 1
             self._pending.appendleft(job)
         else:
-            out.append({"number": job.task["number"], "attempts": job.attempt,
-                        "error": "; ".join(job.errors) + " (after retry)"})
+            out.append(TrialResult(job.task["number"], attempts=job.attempt,
+                                   error="; ".join(job.errors) + " (after retry)"))
+
+
+__all__ = ["LocalPool", "RayPool", "cluster_cpus", "init_ray", "node_identity"]

@@ -20,12 +20,15 @@ from dse.space import KNOBS, Space
 
 
 def trials_frame(space: Space, study) -> pd.DataFrame:
-    """One row per finished trial: knobs, objectives, feasibility, reason, key metrics."""
+    """One row per finished trial: knobs, objectives, feasibility, reason, key metrics.
+    Draws that repeated an evaluated configuration (``repeat_of``) are left out: each
+    configuration is one row."""
     from optuna.trial import TrialState
 
     rows = []
     for t in study.get_trials(deepcopy=False):
-        if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) \
+                or t.user_attrs.get("repeat_of") is not None:
             continue
         ua = t.user_attrs
         params = space.complete(dict(t.params))
@@ -237,9 +240,9 @@ def load_study(out: Path):
     """The space and the Optuna study stored in a search output folder."""
     import optuna
 
-    from dse._simapi import InputError
     from dse.space import load_space, parse_space
-    from dse.study import SPACE_COPY, STUDY_JSON, open_storage
+    from dse.store import SPACE_COPY, STUDY_JSON, open_storage
+    from sim.errors import InputError
 
     meta_path = out / STUDY_JSON
     if not meta_path.exists():

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from dse import _simapi as simapi
-from dse._simapi import InputError
+from sim.errors import InputError
+from sim.options import VLLM_BLOCK_SIZES
 
 # ---------------------------------------------------------------- vocabularies
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -63,6 +63,10 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "routing_policy": "LOAD",
 }
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+#: a study name becomes the default folder runs/<name>: one path component, no traversal
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: sim's latency providers a space may choose (``auto`` picks per instance)
+LATENCY_PROVIDERS = ("auto", "measured", "roofline", "aic")
 
 
 def _allowed(names) -> str:
@@ -123,6 +127,11 @@ def _check_value(name: str, v: Any, where: str) -> Any:
         lo = 0 if name == "long_prefill_token_threshold" else 1
         if v < lo:
             raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
+        if v > 2**31:
+            raise InputError(f"{where}: {name} must be <= 2**31, got {v}")
+        if name == "block_size" and v not in VLLM_BLOCK_SIZES:
+            raise InputError(f"{where}: block_size {v} is not one vLLM accepts; allowed: "
+                             f"{_allowed(VLLM_BLOCK_SIZES)}")
         return v
     if name == "pim_mode" and v is False:
         v = "off"  # YAML reads a bare `off` as false
@@ -140,8 +149,10 @@ def _check_value(name: str, v: Any, where: str) -> Any:
             raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
                              f"(e.g. '1:3'), got {v!r}")
     if name == "routing_policy":
-        known = simapi.routing_policies()
-        if known is not None and v not in known:
+        from sim.router import ROUTING_POLICIES
+
+        known = list(ROUTING_POLICIES.names())
+        if v not in known:
             raise InputError(f"{where}: unknown routing_policy {v!r}; allowed: {_allowed(known)}")
     return v
 
@@ -231,7 +242,8 @@ class SearchSettings:
     n_trials: int
     timeout_s: float | None
     seed: int
-    workers: int
+    #: Ray actors; None sizes the pool from the cluster's free CPUs, 0 runs in-process
+    workers: int | None
     population_size: int
     trial_timeout_s: float
 
@@ -274,7 +286,7 @@ class Space:
             return params.get("prefix_tier", "npu") != "npu"
         if name == "pim_mode":
             hw = params.get("hardware", self.hardware[0])
-            return self.hw_info[hw].has_pim
+            return _has_pim(self.hw_info[hw])
         if name == "sub_batch_interleaving":
             return params.get("pim_mode", "off") != "off" and int(params.get("pp", 1)) == 1
         return True
@@ -310,7 +322,7 @@ class Space:
         if out.get("prefix_tier", "npu") == "npu":
             out["prefix_sharing"] = False
         hw = out["hardware"]
-        if hw in self.hw_info and not self.hw_info[hw].has_pim:
+        if hw in self.hw_info and not _has_pim(self.hw_info[hw]):
             out["pim_mode"] = "off"
         if out.get("pim_mode", "off") == "off":
             out["sub_batch_interleaving"] = False
@@ -368,9 +380,12 @@ class _Map:
                 raise InputError(f"{self.at(key)}: required")
             return default
         v = self.d[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and int(v) != v):
-            kind = "an integer" if integer else "a number"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (integer and int(v) != v):
+            kind = "an integer" if integer else "a (finite) number"
             raise InputError(f"{self.at(key)}: must be {kind}, got {v!r}")
+        if abs(v) > 1e15:
+            raise InputError(f"{self.at(key)}: must be <= 1e15, got {v!r}")
         if minimum is not None and (v <= minimum if exclusive else v < minimum):
             op = ">" if exclusive else ">="
             raise InputError(f"{self.at(key)}: must be {op} {minimum}, got {v}")
@@ -378,7 +393,7 @@ class _Map:
 
     def choice(self, key: str, allowed, default=None):
         v = self.d.get(key, default)
-        if v not in allowed:
+        if not isinstance(v, (str, int, float, bool, type(None))) or v not in allowed:
             raise InputError(f"{self.at(key)}: unknown value {v!r}; allowed: {_allowed(allowed)}")
         return v
 
@@ -397,16 +412,22 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a search-space YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (undecodable byte "
+                         f"{exc.object[exc.start]:#04x}); a search space is a YAML text "
+                         "file") from None
     except OSError as exc:
-        raise InputError(f"{path}: cannot read search space: {exc.strerror}") from None
+        raise InputError(f"{path}: cannot read search space: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["?"])[0]
         raise InputError(f"{path}: YAML syntax error{at}: {problem}") from None
+    except RecursionError:
+        raise InputError(f"{path}: YAML nested too deeply") from None
     return parse_space(data, str(path), base_dir=path.parent, text=text)
 
 
@@ -424,11 +445,14 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     if not isinstance(data, dict) or not data:
         raise InputError(f"a search space must be a mapping with fields {_allowed(TOP_KEYS)}")
     # ---- model
+    from sim.hardware import known_hardware, load_hardware
+    from sim.model import known_models, load_model
+
     model = top.get("model")
     if not isinstance(model, str) or not model:
-        raise InputError(f"model: required, one of {_allowed(simapi.known_models())}")
+        raise InputError(f"model: required, one of {_allowed(known_models())}")
     try:
-        spec = simapi.load_model(model)
+        spec = load_model(model)
     except InputError as exc:
         raise InputError(f"model: {exc}") from None
     # ---- hardware (one or a menu)
@@ -436,11 +460,11 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     hw_list = hw_raw if isinstance(hw_raw, list) else [hw_raw]
     if hw_raw is None or not hw_list or not all(isinstance(h, str) and h for h in hw_list):
         raise InputError("hardware: required, a name or a list of names; known: "
-                         f"{_allowed(simapi.known_hardware())}")
+                         f"{_allowed(sorted(known_hardware()))}")
     hw_info = {}
     for h in hw_list:
         try:
-            info = simapi.hardware_info(h)
+            info = load_hardware(h)
         except InputError as exc:
             raise InputError(f"hardware: {exc}") from None
         if info.name in hw_info:
@@ -456,8 +480,8 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     # ---- cluster defaults
     c = _Map(top.get("cluster"), "cluster", ("link_bw", "link_latency", "cpu_mem", "mem_util",
                                                "npu_mem_size", "npu_mem_bw"))
-    cluster_defaults = {k: c.num(k, minimum=0) for k in ("link_bw", "link_latency",
-                                                          "npu_mem_size", "npu_mem_bw")}
+    cluster_defaults = {k: c.num(k, minimum=0, exclusive=k != "link_latency")
+                        for k in ("link_bw", "link_latency", "npu_mem_size", "npu_mem_bw")}
     cluster_defaults["mem_util"] = c.num("mem_util", 0.9, minimum=0, exclusive=True)
     if cluster_defaults["mem_util"] > 1:
         raise InputError(f"cluster.mem_util: must be in (0, 1], got {cluster_defaults['mem_util']}")
@@ -487,7 +511,7 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     # ---- simulator
     sm = _Map(top.get("simulator"), "simulator", ("latency_provider", "backend", "seed",
                                                    "max_sim_time_s"))
-    simulator = {"latency_provider": sm.choice("latency_provider", simapi.latency_providers(),
+    simulator = {"latency_provider": sm.choice("latency_provider", LATENCY_PROVIDERS,
                                                "auto"),
                  "backend": sm.choice("backend", ("inproc", "subprocess"), "inproc"),
                  "seed": sm.num("seed", 0, integer=True, minimum=0),
@@ -524,12 +548,17 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         n_trials=se.num("n_trials", 50, integer=True, minimum=1),
         timeout_s=se.num("timeout_s", None, minimum=0, exclusive=True),
         seed=se.num("seed", 0, integer=True, minimum=0),
-        workers=se.num("workers", 0, integer=True, minimum=0),
+        workers=se.num("workers", None, integer=True, minimum=0),
         population_size=se.num("population_size", 16, integer=True, minimum=2),
         trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True))
 
+    name = top.get("name") if top.get("name") is not None else Path(source).stem
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InputError(f"name: {name!r} is not a study name; use letters, digits, '.', '_' "
+                         "or '-' (it names the folder runs/<name>), starting with a letter or "
+                         "digit, at most 100 characters")
     space = Space(
-        path=source, name=str(top.get("name") or Path(source).stem), model=spec.name,
+        path=source, name=name, model=spec.name,
         hardware=tuple(hw_list), total_devices=total, devices_per_node=per_node,
         price_per_device_hour=price, cluster_defaults=cluster_defaults, workload=workload,
         slo=slo, attainment=attainment, objectives=objectives, knobs=knobs,
@@ -550,13 +579,22 @@ def _parse_workload(raw: Any, base_dir: Path) -> dict:
         raise InputError("workload: give exactly one of 'file' (a JSONL trace) or 'generate' "
                          "(a generator spec)")
     if has_file:
-        p = Path(w.get("file"))
+        raw_path = w.get("file")
+        if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
+            raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
+        p = Path(raw_path)
         if not p.is_absolute():
             p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
         if not p.is_file():
             raise InputError(f"workload.file: no such file {str(p)!r}")
-        return {"kind": "file", "path": str(p.resolve()),
-                "limit": w.num("limit", None, integer=True, minimum=1)}
+        limit = w.num("limit", None, integer=True, minimum=1)
+        import sim
+
+        try:  # every line checked now, not by each trial
+            sim.load_jsonl(p, limit=limit)
+        except InputError as exc:
+            raise InputError(f"workload.file: {exc}") from None
+        return {"kind": "file", "path": str(p.resolve()), "limit": limit}
     gen = w.get("generate")
     allowed = ("num_requests", "arrival", "rate", "cv", "input", "output", "seed",
                "concurrency", "sample_file")
@@ -573,21 +611,17 @@ def _parse_workload(raw: Any, base_dir: Path) -> dict:
             d = _Map(v, f"workload.generate.{key}", ("kind", "value", "low", "high", "theta",
                                                       "path"))
             d.choice("kind", ("fixed", "uniform", "zipf", "file"), "fixed")
-            if v.get("path"):
+            if isinstance(v.get("path"), str) and v["path"] and "\0" not in v["path"]:
                 gen[key] = {**v, "path": str((base_dir / v["path"]).resolve())}
         elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InputError(f"workload.generate.{key}: an integer length >= 1 or a mapping "
                              "{kind: fixed|uniform|zipf|file, value, low, high, theta, path}")
-    if gen.get("sample_file"):
-        gen["sample_file"] = str((base_dir / gen["sample_file"]).resolve())
-    try:
-        import sim
+    sample = gen.get("sample_file")
+    if isinstance(sample, str) and sample and "\0" not in sample:
+        gen["sample_file"] = str((base_dir / sample).resolve())
+    import sim
 
-        sim.workload_from_mapping(gen)
-    except InputError as exc:
-        raise InputError(f"workload.generate: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"workload.generate: {exc}") from None
+    sim.workload_from_mapping(gen, source="workload.generate")  # every field, files loaded
     return {"kind": "generate", "spec": gen}
 
 
@@ -627,7 +661,7 @@ def _check_semantics(space: Space, spec) -> None:
         raise InputError("knobs.pd_ratio: applies only when PD disaggregation is on; add "
                          "'pd: true' or 'pd: [false, true]'")
     if "pim_mode" in k and k["pim_mode"].may_take(lambda v: v != "off"):
-        no_pim = [h for h in space.hardware if not space.hw_info[h].has_pim]
+        no_pim = [h for h in space.hardware if not _has_pim(space.hw_info[h])]
         if len(no_pim) == len(space.hardware):
             raise InputError(f"knobs.pim_mode: hardware {_allowed(no_pim)} has no PIM; "
                              "pim_mode applies only to hardware with PIM")
@@ -640,7 +674,7 @@ def _check_semantics(space: Space, spec) -> None:
                          "limits) to decide which requests are good")
     if any(o.name == "cost_per_million_tokens" for o in space.objectives) \
             and space.price_per_device_hour is None:
-        missing = [h for h in space.hardware if space.hw_info[h].price_per_hour is None]
+        missing = [h for h in space.hardware if space.hw_info[h].price_per_hour_usd is None]
         if missing:
             raise InputError("objectives: cost_per_million_tokens needs a price; set "
                              "budget.price_per_device_hour (the hardware catalogue has no "
@@ -654,42 +688,6 @@ def _check_semantics(space: Space, spec) -> None:
                              "highest rate that still meets them")
     if space.search.sampler == "grid":
         space.grid()  # raises on infinite domains
-    _check_modelled(space)
-
-
-def _probe_cluster(space: Space, params: dict) -> Any:
-    from dse.config import build_cluster
-
-    return simapi.parse_cluster(build_cluster(space, space.complete(params)),
-                                source=f"{space.path} (probe)")
-
-
-def _check_modelled(space: Space) -> None:
-    """Refuse knobs and objectives that need a feature sim does not model yet (ask sim)."""
-    probes: list[tuple[str, dict]] = []
-    k = space.knobs
-    tp_max = max(v for v in (k["tp"].finite_values() or [int(k["tp"].high)])) if "tp" in k else 1
-    base = {"tp": 1, "pp": 1, "replicas": 2}
-    if "ep" in k and k["ep"].may_take(lambda v: v > 1):
-        ep = next(v for v in (k["ep"].finite_values() or [int(k["ep"].high)]) if v > 1)
-        probes.append(("knobs.ep", {**base, "tp": max(tp_max, 1), "ep": ep}))
-    if "pd" in k and k["pd"].may_take(lambda v: v):
-        probes.append(("knobs.pd", {**base, "pd": True, "pd_ratio": "1:1"}))
-    if "prefix_tier" in k and k["prefix_tier"].may_take(lambda v: v != "npu"):
-        tier = next(v for v in k["prefix_tier"].finite_values() if v != "npu")
-        probes.append(("knobs.prefix_tier", {**base, "prefix_tier": tier}))
-    if "pim_mode" in k and k["pim_mode"].may_take(lambda v: v != "off"):
-        hw = next(h for h in space.hardware if space.hw_info[h].has_pim)
-        probes.append(("knobs.pim_mode", {**base, "hardware": hw, "pim_mode": "local"}))
-    if any(o.name in ("energy_per_token", "avg_power") for o in space.objectives):
-        probes.append(("objectives: energy_per_token/avg_power", {**base, "_power": True}))
-    for where, params in probes:
-        cluster = _probe_cluster(space, params)
-        problems = simapi.unsupported_features(cluster)
-        if problems:
-            reason = problems[0].split(": ", 2)[-1] if ": " in problems[0] else problems[0]
-            raise InputError(f"{where}: the simulator cannot evaluate this yet: {reason}. "
-                             "Remove it (or fix the knob to its default) until sim models it")
 
 
 def pd_split(ratio: str, replicas: int) -> tuple[int, int]:
@@ -702,3 +700,8 @@ def pd_split(ratio: str, replicas: int) -> tuple[int, int]:
 
 def isclose(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _has_pim(info) -> bool:
+    """Whether a hardware catalogue entry pairs with PIM devices."""
+    return getattr(info, "pim_config", None) is not None

@@ -10,7 +10,6 @@ trial order, so the same seed gives the same trials.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import platform
@@ -24,17 +23,31 @@ from typing import Any
 import numpy as np
 
 from dse import metrics as M
-from dse._simapi import InputError
-from dse.config import make_trial_config, precheck
+from dse.config import config_key, make_trial_config, precheck
 from dse.space import Space, load_space
+from dse.store import (
+    JOURNAL,
+    SPACE_COPY,
+    STUDY_FILES,
+    STUDY_JSON,
+    StudyLock,
+    check_out_dir,
+    default_tracking_uri,
+    open_storage,
+    open_tracker,
+    read_meta,
+    save_meta,
+)
+from dse.worker import TrialResult
+from sim.errors import InputError
 
 log = logging.getLogger(__name__)
 
-JOURNAL = "study.journal"
-STUDY_JSON = "study.json"
-SPACE_COPY = "space.yaml"
-STUDY_FILES = (JOURNAL, STUDY_JSON, SPACE_COPY, "mlflow.db", "mlartifacts", "trials.csv",
-               "pareto.csv", "report.html", "best")
+__all__ = ["JOURNAL", "SPACE_COPY", "STUDY_FILES", "STUDY_JSON", "Driver", "SearchSummary",
+           "open_storage", "run_search"]
+#: consecutive draws of already-evaluated configurations after which the search stops
+#: (the sampler keeps proposing what it has seen: the space is exhausted for it)
+MAX_REPEATS_IN_A_ROW = 500
 
 
 def versions() -> dict[str, str]:
@@ -70,15 +83,6 @@ def sampler_settings(space: Space, seed: int, deterministic: bool) -> dict[str, 
     return d
 
 
-def open_storage(out_dir: Path):
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    path = str(out_dir / JOURNAL)
-    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path,
-                                                                              grace_period=10)))
-
-
 @dataclass
 class Outcome:
     number: int
@@ -87,7 +91,7 @@ class Outcome:
     constraints: dict[str, float] = field(default_factory=dict)
     state: str = "COMPLETE"  # or FAIL
     attrs: dict[str, Any] = field(default_factory=dict)
-    result: dict | None = field(default=None, repr=False)
+    result: TrialResult | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -102,6 +106,10 @@ class SearchSummary:
     tracking_s: float
     resumed: bool
     requeued: int
+    #: draws that repeated an evaluated configuration, answered from its stored result
+    repeats: int = 0
+    #: where the trials ran: "ray (N actors)" or "in-process"
+    pool: str = ""
 
 
 class Driver:
@@ -115,8 +123,9 @@ class Driver:
         self.seed = space.search.seed if seed is None else seed
         self.deterministic = deterministic
         self.n_trials = n_trials or space.search.n_trials
-        if space.search.sampler == "grid":
-            self.n_trials = min(self.n_trials, space.grid_size())
+        distinct = _distinct_configurations(space)
+        if distinct is not None:  # repeats are not simulated: at most every configuration
+            self.n_trials = min(self.n_trials, distinct)
         self.workers = space.search.workers if workers is None else workers
         self.ray_address = ray_address
         self.tracking_uri = tracking_uri
@@ -127,11 +136,21 @@ class Driver:
         self.tracker = None
         self.requeued = 0
         self.resumed = False
+        self.repeats = 0
+        self._repeats_in_a_row = 0
+        #: config_key -> the outcome of its first evaluation (COMPLETE ones)
+        self._known: dict[str, Outcome] = {}
+        #: config_key -> the outcome of a failed evaluation (such a configuration is drawn
+        #: again only while its first evaluation is still running)
+        self._failed: dict[str, Outcome] = {}
+        #: config_key -> number of the trial evaluating it now
+        self._evaluating: dict[str, int] = {}
+        #: config_key -> repeats waiting for that evaluation: [(trial, cfg)]
+        self._waiting: dict[str, list] = {}
 
     # ---------------------------------------------------------------- setup
     def _prepare_dir(self) -> dict:
-        self.out.mkdir(parents=True, exist_ok=True)
-        meta_path = self.out / STUDY_JSON
+        check_out_dir(self.out)
         if self.fresh:
             for name in STUDY_FILES:
                 p = self.out / name
@@ -139,9 +158,8 @@ class Driver:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
-        meta: dict = {}
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
+        meta = read_meta(self.out)
+        if meta:
             if meta.get("space_digest") != self.space.digest:
                 raise InputError(
                     f"{self.out}: holds a study of a different search space "
@@ -167,18 +185,17 @@ class Driver:
         return meta
 
     def _save_meta(self, meta: dict) -> None:
-        tmp = self.out / (STUDY_JSON + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(self.out / STUDY_JSON)
+        save_meta(self.out, meta)
 
     def _open_study(self):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        storage = open_storage(self.out)
+        self._storage = open_storage(self.out)
         study = optuna.create_study(
-            storage=storage, sampler=make_sampler(self.space, self.seed, self.deterministic),
+            storage=self._storage,
+            sampler=make_sampler(self.space, self.seed, self.deterministic),
             study_name=self.space.name, load_if_exists=True,
             directions=[o.direction for o in self.space.objectives])
         return study
@@ -190,14 +207,18 @@ class Driver:
         COMPLETE trials count toward the budget, so nothing is lost)."""
         from optuna.trial import TrialState
 
+        storage = getattr(self, "_storage", None) or open_storage(self.out)
+        study_id = storage.get_study_id_from_name(study.study_name)
         stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         numbers = []
         for t in stale:
             params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
             reason = ("interrupted: the driver stopped; re-enqueued" if params else
                       "interrupted before any parameter was drawn; its slot is drawn anew")
-            study._storage.set_trial_user_attr(t._trial_id, "reason", reason)
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            # the storage interface is Optuna's public API for trials of other processes
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(trial_id, "reason", reason)
+            study.tell(t.number, state=TrialState.FAIL)
             if params:
                 study.enqueue_trial(params, user_attrs={"requeued_from": t.number},
                                     skip_if_exists=False)
@@ -227,18 +248,18 @@ class Driver:
     def _task(self, cfg) -> dict:
         return {"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options}
 
-    def _outcome_from_result(self, cfg, res: dict) -> Outcome:
+    def _outcome_from_result(self, cfg, res: TrialResult) -> Outcome:
         space = self.space
-        base_attrs = {"devices_used": cfg.devices_used, "attempts": res.get("attempts", 1),
-                      "wall_s": res.get("wall_s")}
-        if "rejected" in res:
-            return self._rejected(cfg, res["rejected"], base_attrs)
-        if "error" in res:
+        base_attrs = {"devices_used": cfg.devices_used, "attempts": res.attempts,
+                      "wall_s": res.wall_s, "node_id": res.node_id or None,
+                      "node_ip": res.node_ip or None}
+        if res.rejected is not None:
+            return self._rejected(cfg, res.rejected, base_attrs)
+        if res.error is not None:
             return Outcome(cfg.number, cfg.params, state="FAIL",
-                           attrs={**base_attrs, "reason": res["error"],
-                                  "traceback": res.get("traceback", "")[-2000:]})
-        summary = res["summary"]
-        slo = res["slo"]
+                           attrs={**base_attrs, "reason": res.error,
+                                  "traceback": res.traceback[-2000:]})
+        summary, slo = res.summary, res.slo
         objs = M.objective_values(space, summary, slo, cfg.devices_used,
                                   cfg.params["hardware"])
         attrs = {**base_attrs, "feasible": slo["feasible"], "reason": "" if slo["feasible"]
@@ -250,9 +271,9 @@ class Driver:
                  "latency_source": _source_text(summary.get("latency_source")),
                  "metrics": {k: v for k, v in M.flatten_summary(summary).items()
                              if not k.startswith("wall")}}
-        if "capacity" in res:
-            attrs["capacity_rps"] = res["capacity"]["capacity_rps"]
-            attrs["capacity_probes"] = len(res["capacity"]["probes"])
+        if res.capacity is not None:
+            attrs["capacity_rps"] = res.capacity["capacity_rps"]
+            attrs["capacity_probes"] = len(res.capacity["probes"])
         out = Outcome(cfg.number, cfg.params, M.told_values(space, objs), slo["constraints"],
                       attrs=attrs)
         out.result = res  # for tracking artifacts
@@ -265,26 +286,53 @@ class Driver:
                               "feasible": False, "rejected": True, "reason": reason})
 
     def _record(self, study, trial, cfg, outcome: Outcome) -> None:
-        """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial)."""
+        """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial);
+        then answer the repeats that waited for this configuration."""
+        self._tell(study, trial, cfg, outcome)
+        key = config_key(cfg.params)
+        self._evaluating.pop(key, None)
+        if outcome.state == "COMPLETE":
+            self._known.setdefault(key, outcome)
+        else:
+            self._failed[key] = outcome
+        for dup_trial, dup_cfg in self._waiting.pop(key, []):
+            self._answer_repeat(study, dup_trial, dup_cfg, outcome)
+
+    def _tell(self, study, trial, cfg, outcome: Outcome, count: bool = True) -> None:
         from optuna.trial import TrialState
 
-        self._track(cfg, outcome)
+        if count:  # a repeat has no run of its own: its first evaluation's run holds it
+            self._track(cfg, outcome)
         for k, v in outcome.attrs.items():
             if v is not None:
                 trial.set_user_attr(k, v)
         if outcome.state == "FAIL":
             study.tell(trial, state=TrialState.FAIL)
-            self.failed += 1
+            self.failed += count
             return
         for k, v in outcome.constraints.items():
             trial.set_constraint(k, v)
         study.tell(trial, outcome.values)
+        if not count:
+            return
         self.complete += 1
         if outcome.attrs.get("rejected"):
             self.rejected += 1
         elif outcome.attrs.get("feasible"):
             self.feasible += 1
             self._update_best(outcome)
+
+    def _answer_repeat(self, study, trial, cfg, first: Outcome) -> None:
+        """A draw of a configuration already evaluated: told the stored result (so the
+        sampler sees it as usual), marked ``repeat_of``, not simulated, not counted."""
+        attrs = {k: v for k, v in first.attrs.items() if k not in ("traceback",)}
+        attrs["repeat_of"] = first.number
+        if first.state == "FAIL":
+            attrs["reason"] = f"same configuration as trial {first.number}, which failed"
+        dup = Outcome(trial.number, cfg.params, first.values, dict(first.constraints),
+                      state=first.state, attrs=attrs)
+        self.repeats += 1
+        self._tell(study, trial, cfg, dup, count=False)
 
     def _update_best(self, outcome: Outcome) -> None:
         o = self.space.objectives[0]
@@ -311,34 +359,27 @@ class Driver:
         tags = {"feasible": str(bool(a.get("feasible"))), "reason": a.get("reason", ""),
                 "latency_provider": a.get("latency_provider", ""),
                 "latency_source": a.get("latency_source", ""), "state": outcome.state,
-                "rejected": str(bool(a.get("rejected")))}
+                "rejected": str(bool(a.get("rejected"))),
+                "node_id": a.get("node_id") or "", "node_ip": a.get("node_ip") or ""}
+        if a.get("repeat_of") is not None:
+            tags["repeat_of"] = str(a["repeat_of"])
         files: dict[str, Any] = {"cluster.json": cfg.cluster}
-        res = getattr(outcome, "result", None)
-        if res is not None:
-            files["requests.csv"] = res["requests"]
-            if res.get("timeseries") is not None:
-                files["timeseries.csv"] = res["timeseries"]
-            files["summary.json"] = _jsonable(res["summary"])
+        res = outcome.result
+        if res is not None and res.simulated:
+            files["requests.csv"] = res.requests
+            if res.timeseries is not None:
+                files["timeseries.csv"] = res.timeseries
+            files["summary.json"] = _jsonable(res.summary)
         try:
             self.tracker.log_trial(cfg.number, params, metrics, tags, files)
         except Exception as exc:  # noqa: BLE001 - tracking must not kill the study
             log.warning("MLflow logging failed for trial %d: %s", cfg.number, exc)
 
     # ---------------------------------------------------------------- main loop
-    def run(self) -> SearchSummary:
-        from optuna.trial import TrialState
-
-        from dse.tracking import Tracker, default_tracking_uri
-
-        t_start = time.perf_counter()
-        meta = self._prepare_dir()
-        study = self._open_study()
-        requeue = self._recover(study)
-        self.requeued = len(requeue)
-        self._enqueue_grid(study)
+    def _open_tracking(self, meta: dict, requeue: list[int]) -> None:
         uri = self.tracking_uri or meta.get("tracking_uri") or default_tracking_uri(self.out)
         meta["tracking_uri"] = uri
-        self.tracker = Tracker(uri, self.out, f"dse-{self.space.name}")
+        self.tracker = open_tracker(uri, self.out, f"dse-{self.space.name}")
         meta["mlflow_parent_run_id"] = self.tracker.open_parent(
             meta.get("mlflow_parent_run_id"), f"{self.space.name} study",
             params={"space": self.space.path, "n_trials": self.n_trials,
@@ -352,72 +393,122 @@ class Driver:
                   **{f"version.{k}": v for k, v in meta["versions"].items()}})
         self.tracker.delete_trial_runs(requeue)
         meta["experiment_id"] = self.tracker.experiment_id
-        self._save_meta(meta)
+
+    def _load_counts(self, study) -> None:
+        """Counters and the stored results of a resumed study (repeats are not counted)."""
+        from optuna.trial import TrialState
 
         done = study.get_trials(deepcopy=False)
-        self.complete = sum(t.state == TrialState.COMPLETE for t in done)
+        first = [t for t in done if t.state == TrialState.COMPLETE
+                 and t.user_attrs.get("repeat_of") is None]
+        self.complete = len(first)
         self.failed = 0
-        self.rejected = sum(bool(t.user_attrs.get("rejected")) for t in done
-                            if t.state == TrialState.COMPLETE)
-        self.feasible = sum(bool(t.user_attrs.get("feasible")) for t in done
-                            if t.state == TrialState.COMPLETE)
+        self.rejected = sum(bool(t.user_attrs.get("rejected")) for t in first)
+        self.feasible = sum(bool(t.user_attrs.get("feasible")) for t in first)
+        self.repeats = sum(t.user_attrs.get("repeat_of") is not None for t in done)
         self.best = None
-        for t in done:
-            if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible"):
-                self._update_best(Outcome(t.number, t.params, attrs=t.user_attrs))
-        max_failures = max(10, self.n_trials)
-        deadline = (time.monotonic() + self.space.search.timeout_s
-                    if self.space.search.timeout_s else None)
+        for t in first:
+            out = Outcome(t.number, t.params, list(t.values), dict(t.constraints or {}),
+                          attrs=dict(t.user_attrs))
+            self._known.setdefault(config_key(self.space.complete(dict(t.params))), out)
+            if t.user_attrs.get("feasible"):
+                self._update_best(out)
 
+    def run(self) -> SearchSummary:
+        check_out_dir(self.out)
+        with StudyLock(self.out):
+            return self._run_locked()
+
+    def _run_locked(self) -> SearchSummary:
+        t_start = time.perf_counter()
+        meta = self._prepare_dir()
+        study = self._open_study()
+        requeue = self._recover(study)
+        self.requeued = len(requeue)
+        self._enqueue_grid(study)
+        self._open_tracking(meta, requeue)
+        self._save_meta(meta)
+        self._load_counts(study)
         if self.complete >= self.n_trials and self.pool is None:
             from dse.pool import LocalPool
 
             self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
         self.pool = self._start_pool()
-        inflight: dict[int, tuple[Any, Any]] = {}  # number -> (trial, cfg)
         status = "FINISHED"
-        prog = _Progress(self, enabled=self.progress, console=self.console)
         try:
-            with prog:
-                while True:
-                    out_of_time = deadline is not None and time.monotonic() > deadline
-                    can_ask = (not out_of_time and self.failed < max_failures
-                               and self.complete + len(inflight) < self.n_trials)
-                    if self.deterministic:
-                        if can_ask:
-                            self._batch(study, inflight, prog)
-                            continue
-                    else:
-                        while can_ask and self.pool.free > 0:
-                            self._ask_one(study, inflight, submit=True)
-                            prog.update()
-                            can_ask = self.complete + len(inflight) < self.n_trials
-                    if not inflight:
-                        break
-                    for res in self.pool.poll(timeout=0.5):
-                        trial, cfg = inflight.pop(res["number"])
-                        self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
-                    prog.update()
+            self._loop(study)
         except KeyboardInterrupt:
             status = "KILLED"
             raise
         finally:
             self.pool.shutdown()
             self._finish(study, status, time.perf_counter() - t_start)
+        kind = getattr(self.pool, "kind", "")
         return SearchSummary(self.out, self.complete, self.feasible, self.failed, self.rejected,
                              self._pareto_count, time.perf_counter() - t_start,
-                             self.tracker.seconds, self.resumed, self.requeued)
+                             self.tracker.seconds, self.resumed, self.requeued, self.repeats,
+                             f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind)
+
+    def _can_ask(self, deadline: float | None, inflight: dict) -> bool:
+        out_of_time = deadline is not None and time.monotonic() > deadline
+        if self._repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            if not getattr(self, "_warned_exhausted", False):
+                self._warned_exhausted = True
+                log.warning("the sampler proposed %d evaluated configurations in a row; "
+                            "stopping at %d distinct ones", self._repeats_in_a_row,
+                            self.complete)
+            return False
+        return (not out_of_time and self.failed < max(10, self.n_trials)
+                and self.complete + len(inflight) < self.n_trials)
+
+    def _loop(self, study) -> None:
+        deadline = (time.monotonic() + self.space.search.timeout_s
+                    if self.space.search.timeout_s else None)
+        inflight: dict[int, tuple[Any, Any]] = {}  # number -> (trial, cfg)
+        with _Progress(self, enabled=self.progress, console=self.console) as prog:
+            while True:
+                if self.deterministic:
+                    if self._can_ask(deadline, inflight):
+                        self._batch(study, inflight, prog)
+                        continue
+                else:
+                    while self._can_ask(deadline, inflight) and self.pool.free > 0:
+                        self._ask_one(study, inflight, submit=True)
+                        prog.update()
+                if not inflight:
+                    break
+                for res in self.pool.poll(timeout=0.5):
+                    trial, cfg = inflight.pop(res.number)
+                    self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
+                prog.update()
 
     def _ask_one(self, study, inflight: dict, submit: bool):
+        """Ask a trial and start it. Returns (trial, cfg, outcome) where outcome is set
+        when it was decided without simulating (rejected; or, when not ``submit``, a
+        repeat: the string "repeat")."""
         trial = study.ask()
         params = self.space.suggest(trial)
         cfg = make_trial_config(self.space, trial.number, params)
+        key = config_key(cfg.params)
+        if key in self._known or key in self._evaluating:
+            self._repeats_in_a_row += 1
+            if not submit:
+                return trial, cfg, "repeat"
+            if key in self._known:
+                self._answer_repeat(study, trial, cfg, self._known[key])
+            else:  # answered when the running evaluation of it is recorded
+                self._waiting.setdefault(key, []).append((trial, cfg))
+            return trial, cfg, "repeat"
+        self._repeats_in_a_row = 0
         reason = precheck(self.space, cfg)
         if reason:
             outcome = self._rejected(cfg, reason)
             if submit:
                 self._record(study, trial, cfg, outcome)
+            else:
+                self._evaluating[key] = trial.number
             return trial, cfg, outcome
+        self._evaluating[key] = trial.number
         inflight[trial.number] = (trial, cfg)
         self.pool.submit(self._task(cfg))
         return trial, cfg, None
@@ -426,12 +517,17 @@ class Driver:
         """Deterministic mode: ask a batch, wait for all of it, tell in trial order."""
         k = min(max(1, self.pool.size), self.n_trials - self.complete)
         asked = [self._ask_one(study, inflight, submit=False) for _ in range(k)]
-        results: dict[int, dict] = {}
+        results: dict[int, TrialResult] = {}
         while len(results) < len(inflight):
             for res in self.pool.poll(timeout=0.5):
-                results[res["number"]] = res
+                results[res.number] = res
             prog.update()
         for trial, cfg, outcome in sorted(asked, key=lambda x: x[0].number):
+            if outcome == "repeat":  # its first evaluation is earlier in this order
+                key = config_key(cfg.params)
+                self._answer_repeat(study, trial, cfg,
+                                    self._known.get(key) or self._failed[key])
+                continue
             if outcome is None:
                 outcome = self._outcome_from_result(cfg, results[trial.number])
                 inflight.pop(trial.number)
@@ -449,6 +545,7 @@ class Driver:
                 self.tracker.close_parent(
                     {"trials_complete": self.complete, "trials_feasible": self.feasible,
                      "trials_failed": self.failed, "trials_rejected": self.rejected,
+                     "trials_repeated": self.repeats,
                      "pareto_size": self._pareto_count, "wall_s": wall_s,
                      "tracking_s": self.tracker.seconds},
                     [p for p in (self.out / "trials.csv", self.out / "pareto.csv",
@@ -456,6 +553,20 @@ class Driver:
                                  self.out / "best") if p.exists()], status=status)
         except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
             log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
+
+
+def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
+    """How many distinct configurations a finite space holds (None when infinite or more
+    than ``limit``): a search cannot evaluate more than that many."""
+    n = 1
+    for dom in space.knobs.values():
+        vals = dom.finite_values()
+        if vals is None:
+            return None
+        n *= max(1, len(vals))
+        if n > limit:
+            return None
+    return space.grid_size()
 
 
 def _source_text(src: Any) -> str:

@@ -8,12 +8,56 @@ touch the Optuna study or MLflow; they return results to the driver, which recor
 from __future__ import annotations
 
 import os
+import socket
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 from dse.metrics import evaluate_slos
 from dse.space import Space
+
+
+@dataclass
+class TrialResult:
+    """What a worker sends back for one trial. Exactly one of three shapes: ``rejected``
+    (sim refused the configuration: a reason), ``error`` (the trial failed: a message and
+    a traceback), or a simulation (``summary``, per-request and time-series tables, the SLO
+    evaluation, and for a capacity search the probes)."""
+
+    number: int
+    wall_s: float = 0.0
+    attempts: int = 1
+    rejected: str | None = None
+    error: str | None = None
+    traceback: str = ""
+    summary: dict | None = None
+    requests: Any = field(default=None, repr=False)
+    timeseries: Any = field(default=None, repr=False)
+    slo: dict | None = None
+    rate: float | None = None
+    capacity: dict | None = None
+    worker_pid: int | None = None
+    #: where it ran: the Ray node (id and IP), or "driver" for the in-process pool
+    node_id: str = ""
+    node_ip: str = ""
+
+    @property
+    def simulated(self) -> bool:
+        return self.rejected is None and self.error is None
+
+
+def node_identity() -> tuple[str, str]:
+    """(node id, node IP) of this process: the Ray node when inside Ray, else the host."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return (ray.get_runtime_context().get_node_id(),
+                    ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001, S110 - not in Ray: the host names itself
+        pass
+    return "driver", socket.gethostname()
 
 
 class _Workloads:
@@ -53,7 +97,8 @@ def _backend(opts):
     return _BACKENDS[key]
 
 
-def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None) -> dict:
+def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None
+              ) -> TrialResult:
     import sim
 
     cluster = sim.parse_cluster(task["cluster"], source=f"trial {task['number']}")
@@ -61,11 +106,12 @@ def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | Non
     res = sim.simulate(cluster, workloads.get(space.workload, rate), opts, backend=_backend(opts))
     requests = res.requests_table()
     summary = dict(res.summary)
-    return {"summary": summary, "requests": requests, "timeseries": res.timeseries_table(),
-            "slo": evaluate_slos(summary, requests, space), "rate": rate}
+    return TrialResult(task["number"], summary=summary, requests=requests,
+                       timeseries=res.timeseries_table(),
+                       slo=evaluate_slos(summary, requests, space), rate=rate)
 
 
-def _capacity(space: Space, task: dict, workloads: _Workloads) -> dict:
+def _capacity(space: Space, task: dict, workloads: _Workloads) -> TrialResult:
     """Highest arrival rate that meets the SLOs: exponential probe, then bisection."""
     cap = space.capacity
     probes: list[tuple[float, bool]] = []
@@ -74,7 +120,7 @@ def _capacity(space: Space, task: dict, workloads: _Workloads) -> dict:
     rate = cap.start_rate
     while len(probes) < cap.max_probes:
         run = _simulate(space, task, workloads, rate)
-        ok = run["slo"]["feasible"]
+        ok = run.slo["feasible"]
         probes.append((rate, ok))
         last = run
         if ok:
@@ -94,12 +140,13 @@ def _capacity(space: Space, task: dict, workloads: _Workloads) -> dict:
                 break
             rate = (lo + hi) / 2
     out = best or last
-    out["capacity"] = {"capacity_rps": lo, "probes": probes}
+    out.capacity = {"capacity_rps": lo, "probes": probes}
     return out
 
 
-def evaluate(space: Space, task: dict, workloads: _Workloads | None = None) -> dict:
-    """Run one trial. Returns a result dict; user-input problems come back as ``rejected``."""
+def evaluate(space: Space, task: dict, workloads: _Workloads | None = None,
+             node: tuple[str, str] = ("driver", "")) -> TrialResult:
+    """Run one trial; user-input problems come back as ``rejected``, crashes as ``error``."""
     import sim
 
     workloads = workloads or _Workloads()
@@ -110,14 +157,14 @@ def evaluate(space: Space, task: dict, workloads: _Workloads | None = None) -> d
         else:
             out = _simulate(space, task, workloads, None)
     except sim.InputError as exc:
-        return {"number": task["number"], "rejected": str(exc).removeprefix(
-            f"trial {task['number']}: "), "wall_s": time.perf_counter() - t0}
+        out = TrialResult(task["number"], rejected=str(exc).removeprefix(
+            f"trial {task['number']}: "))
     except Exception as exc:  # noqa: BLE001 - reported as a failed trial, the study goes on
-        return {"number": task["number"], "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=8), "wall_s": time.perf_counter() - t0}
-    out["number"] = task["number"]
-    out["wall_s"] = time.perf_counter() - t0
-    out["worker_pid"] = os.getpid()
+        out = TrialResult(task["number"], error=f"{type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc(limit=8))
+    out.wall_s = time.perf_counter() - t0
+    out.worker_pid = os.getpid()
+    out.node_id, out.node_ip = node
     return out
 
 
@@ -127,9 +174,13 @@ class SimWorker:
     def __init__(self, space: Space) -> None:
         self.space = space
         self.workloads = _Workloads()
+        self.node = node_identity()
 
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, task: dict) -> dict:
-        return evaluate(self.space, task, self.workloads)
+    def where(self) -> tuple[str, str]:
+        return self.node
+
+    def run(self, task: dict) -> TrialResult:
+        return evaluate(self.space, task, self.workloads, self.node)

@@ -155,8 +155,9 @@ def load_jsonl(path: str | Path, limit: int | None = None) -> Workload:
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
                          "a workload is a JSONL text file", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read workload: {exc.strerror or exc}", source=str(path)) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise InputError(f"cannot read workload: {getattr(exc, 'strerror', None) or exc}",
+                         source=str(path)) from None
 
 
 # ---------------------------------------------------------------------------- generators

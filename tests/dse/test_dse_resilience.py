@@ -34,6 +34,15 @@ def _trials(out):
         return []
 
 
+def _counted(t) -> bool:
+    """COMPLETE and simulated (or rejected) itself: what counts toward n_trials."""
+    return t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs
+
+
+def dump_of(trials) -> list:
+    return [(t.number, t.state.name, t.params, dict(t.user_attrs)) for t in trials]
+
+
 def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     n = 10
     path = write_space(tmp_path, workload=SLOW_WORKLOAD, knobs=KNOBS,
@@ -68,7 +77,7 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     # or those it was enqueued with
     interrupted = {t.number: dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
                    for t in before if t.state == TrialState.RUNNING}
-    complete_before = sum(t.state == TrialState.COMPLETE for t in before)
+    complete_before = sum(_counted(t) for t in before)
     assert interrupted and complete_before < n
 
     rerun = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True, timeout=300)
@@ -76,8 +85,13 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     assert "re-enqueued" in rerun.stdout
 
     after = _trials(out)
-    complete = [t for t in after if t.state == TrialState.COMPLETE]
+    complete = [t for t in after if _counted(t)]
     assert len(complete) == n
+    # a draw that repeats an evaluated configuration is told its stored result, not run
+    firsts = {t.number for t in complete}
+    for t in after:
+        if "repeat_of" in t.user_attrs:
+            assert t.user_attrs["repeat_of"] in firsts, dump_of(after)
     # interrupted trials are failed and their parameters re-run at most once, as many as
     # the remaining budget of n trials allows (a trial may complete in the instant before
     # the kill, leaving fewer slots than interrupted trials)
@@ -146,7 +160,7 @@ def test_dse_worker_killed_mid_trial_is_retried(tmp_path, ray_session):
     s = box["summary"]
     assert s.complete == n and s.failed == 0
     trials = _trials(tmp_path / "out")
-    retried = [t for t in trials if t.user_attrs.get("attempts") == 2]
+    retried = [t for t in trials if t.user_attrs.get("attempts") == 2 and _counted(t)]
     assert [t.number for t in retried] == [killed]
     assert retried[0].state == TrialState.COMPLETE
 

@@ -33,8 +33,8 @@ def brute_force(space):
         if precheck(space, cfg):
             continue
         r = evaluate(space, {"number": 0, "cluster": cfg.cluster, "options": cfg.options})
-        objs = objective_values(space, r["summary"], r["slo"], cfg.devices_used, "H100-SXM")
-        rows.append({**cfg.params, **objs, "feasible": r["slo"]["feasible"]})
+        objs = objective_values(space, r.summary, r.slo, cfg.devices_used, "H100-SXM")
+        rows.append({**cfg.params, **objs, "feasible": r.slo["feasible"]})
     return pd.DataFrame(rows)
 
 
@@ -166,6 +166,6 @@ def test_dse_capacity_mode_finds_highest_rate(tmp_path):
 
     wl = _Workloads()
     task = {"number": 0, "cluster": cfg.cluster, "options": cfg.options}
-    assert _simulate(space, task, wl, cap)["slo"]["feasible"]
-    assert not _simulate(space, task, wl, cap * 1.25)["slo"]["feasible"]
+    assert _simulate(space, task, wl, cap).slo["feasible"]
+    assert not _simulate(space, task, wl, cap * 1.25).slo["feasible"]
     assert np.isfinite(t.throughput_per_device.iloc[0])

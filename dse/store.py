@@ -1,0 +1,164 @@
+"""The study folder: its file names, the Optuna journal, the MLflow store and the lock.
+
+One module owns the layout of ``dse search --out DIR`` so that the driver, the report and
+the CLI read the same names without importing each other:
+
+- ``study.journal``  Optuna's journal storage (the study itself, resumable)
+- ``study.json``     what was searched, with which seed, tracking URI and versions
+- ``space.yaml``     a copy of the search space as it was when the study started
+- ``mlflow.db`` + ``mlartifacts/``  the default MLflow store
+- ``.dse.lock``      held (``flock``) by the one driver writing the folder; it names that
+  driver (pid, host, start time) so a second search can say who holds it. The kernel drops
+  the lock when its holder dies, so a lock left by a killed driver is simply taken over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from sim.errors import InputError
+
+JOURNAL = "study.journal"
+STUDY_JSON = "study.json"
+SPACE_COPY = "space.yaml"
+MLFLOW_DB = "mlflow.db"
+ARTIFACTS = "mlartifacts"
+LOCK = ".dse.lock"
+#: what ``--fresh`` deletes (never the lock: it is held while deleting)
+STUDY_FILES = (JOURNAL, STUDY_JSON, SPACE_COPY, MLFLOW_DB, ARTIFACTS, "trials.csv",
+               "pareto.csv", "report.html", "best")
+#: tracking-URI schemes MLflow 2/3 can open
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql",
+                    "databricks")
+
+
+# ---------------------------------------------------------------- the folder
+def check_out_dir(out: Path, flag: str = "--out") -> Path:
+    """Create the output folder (or refuse, naming why) before anything else runs."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{flag} {str(out)!r} is a file; give a folder for the study")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{flag} {str(out)!r}: cannot write there "
+                         f"({exc.strerror or exc})") from None
+    return out
+
+
+def read_meta(out: Path) -> dict:
+    """``study.json`` of a folder ({} when there is none), or InputError when unreadable."""
+    p = out / STUDY_JSON
+    if not p.exists():
+        return {}
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable study file ({exc}); rerun the search with "
+                         "--fresh to start over") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{p}: not a study file (a JSON object is expected); rerun the "
+                         "search with --fresh to start over")
+    return meta
+
+
+def save_meta(out: Path, meta: dict) -> None:
+    tmp = out / (STUDY_JSON + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(out / STUDY_JSON)
+
+
+# ---------------------------------------------------------------- the lock
+class StudyLock:
+    """An exclusive lock on a study folder for the lifetime of one driver."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> StudyLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise InputError(f"{self.path.parent}: another search is writing this folder "
+                             f"({holder}); wait for it, stop it, or choose another --out") \
+                from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> StudyLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return (f"pid {info.get('pid')} on {info.get('host')}, started "
+                f"{info.get('started')} UTC")
+    except (OSError, ValueError):
+        return "holder unknown"
+
+
+# ---------------------------------------------------------------- storage
+def open_storage(out: Path):
+    """The Optuna journal storage of a study folder."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    path = str(out / JOURNAL)
+    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(
+        path, grace_period=10)))
+
+
+def default_tracking_uri(out: Path) -> str:
+    return f"sqlite:///{out.resolve() / MLFLOW_DB}"
+
+
+def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> str:
+    """Refuse a URI whose scheme MLflow cannot open, before anything runs."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ("file" if uri else "")
+    if scheme.split("+", 1)[0] not in TRACKING_SCHEMES:
+        raise InputError(f"{flag} {uri!r}: unknown scheme {scheme!r}; allowed: "
+                         + ", ".join(f"{s}://" for s in TRACKING_SCHEMES))
+    return uri
+
+
+def open_tracker(uri: str, out: Path, experiment: str, flag: str = "--tracking-uri"):
+    """Connect to the MLflow store (a server gets a short timeout and few retries), or
+    InputError naming the URI."""
+    from dse.tracking import Tracker
+
+    check_tracking_uri(uri, flag)
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    try:
+        return Tracker(uri, out, experiment)
+    except Exception as exc:  # noqa: BLE001 - MlflowException, connection errors, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{flag} {uri!r}: cannot open the MLflow store ({first[:300]})") \
+            from None
