@@ -94,6 +94,23 @@ def cmd_check(a) -> int:
     return 0
 
 
+def _check_ray_address(flag: str | None, workers: int | None) -> None:
+    """A Ray address given for a run that uses Ray must answer now (not after minutes of
+    Ray's own retries); given for an in-process run it would be ignored: refuse that."""
+    from dse.pool import CONNECT_TIMEOUT_S, _probe_address
+
+    address = flag or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return
+    if workers == 0:
+        if flag:
+            raise InputError(f"--ray-address {flag!r} with --workers 0: an in-process run uses "
+                             "no Ray; drop one of the two")
+        return
+    if address != "auto":
+        _probe_address(address, CONNECT_TIMEOUT_S)
+
+
 def cmd_search(a) -> int:
     from rich.console import Console
 
@@ -106,6 +123,8 @@ def cmd_search(a) -> int:
     if a.tracking_uri is not None:
         check_tracking_uri(a.tracking_uri)
     space = load_checked(a.space, a.backend)
+    _check_ray_address(a.ray_address, a.workers if a.workers is not None
+                       else space.search.workers)
     out = check_out_dir(Path(a.out or Path("runs") / space.name))
     console = Console(stderr=True)
     driver = Driver(space, out, n_trials=a.n_trials, workers=a.workers,

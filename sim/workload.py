@@ -306,7 +306,10 @@ def _length_dist(key: str, v: Any, default: LengthDist, source: str) -> LengthDi
             raise InputError("a 'file' length distribution needs 'path' (a JSONL workload)",
                              source=where)
         d.path = v["path"]
-        load_jsonl(d.path)  # validated now, not when a trial first samples from it
+        try:  # validated now, not when a trial first samples from it
+            load_jsonl(d.path)
+        except InputError as exc:
+            raise InputError(f"path: {exc}", source=where) from None
     return d
 
 
@@ -328,7 +331,10 @@ def workload_from_mapping(d: dict[str, Any], source: str = "<workload spec>") ->
         if not isinstance(sample_file, str) or not sample_file:
             raise InputError("field 'sample_file' must be a path to a JSONL workload",
                              source=source)
-        load_jsonl(sample_file)
+        try:
+            load_jsonl(sample_file)
+        except InputError as exc:
+            raise InputError(f"field 'sample_file': {exc}", source=source) from None
     num_requests = _spec_num(d, "num_requests", 100, source, integer=True, low=1)
     if num_requests > MAX_GENERATED:
         raise InputError(f"field 'num_requests' must be <= {MAX_GENERATED:,}, got "
