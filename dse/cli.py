@@ -35,9 +35,10 @@ def _parser() -> argparse.ArgumentParser:
                    "Ray cluster); 0 runs trials in this process without Ray")
     s.add_argument("--ray-address", help="join this Ray cluster, HOST:PORT of its head "
                    "(also RAY_ADDRESS); default: start a local Ray")
-    s.add_argument("--backend", choices=("inproc", "subprocess"),
+    s.add_argument("--backend", choices=("auto", "inproc", "subprocess"),
                    help="system simulator of each worker: subprocess = one long-lived "
-                        "astra-sim process per worker, inproc = in the worker's process "
+                        "astra-sim process per worker, inproc = in the worker's process, "
+                        "auto (default) = subprocess on Ray actors, inproc with --workers 0 "
                         "(overrides the space's simulator.backend)")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///OUT/mlflow.db)")
     g = s.add_mutually_exclusive_group()

@@ -171,6 +171,7 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
                 f"over the budget of {space.total_devices}")
     if cfg.params.get("pd") and cfg.summary["replicas"] < 2:
         return "PD disaggregation needs at least 2 instances (one prefill, one decode)"
+    from dse.worker import resolve_backend
     from sim.options import vllm_refusal
 
     p = cfg.params
@@ -182,7 +183,7 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
         import sim
 
         cluster = sim.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
-        sim.validate_cluster(cluster, sim.SimOptions(**cfg.options))
+        sim.validate_cluster(cluster, sim.SimOptions(**resolve_backend(cfg.options, "inproc")))
     except InputError as exc:
         msg = str(exc)
         return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg

@@ -84,18 +84,25 @@ def _token_available() -> bool:
     return (Path.home() / ".ray" / "auth_token").is_file()
 
 
+def address_label(address: str) -> str:
+    """How to name a Ray address in a message: the flag, or the environment variable."""
+    from_env = os.environ.get("RAY_ADDRESS") == address
+    return f"RAY_ADDRESS={address!r}" if from_env else f"--ray-address {address!r}"
+
+
 def _probe_address(address: str, timeout: float) -> None:
     """Refuse an address nothing listens at, within ``timeout`` seconds (Ray itself would
     retry for minutes)."""
+    label = address_label(address)
     hostport = address.split("://", 1)[-1]
     host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise InputError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head (the "
-                         "GCS port `ray start --head` prints), 'auto', or ray://HOST:PORT")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        raise InputError(f"{label}: expected HOST:PORT of a Ray head (the GCS port `ray "
+                         "start --head` prints), 'auto', or ray://HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise InputError(f"--ray-address {address!r}: no Ray head answers there within "
+        raise InputError(f"{label}: no Ray head answers there within "
                          f"{timeout:g}s ({exc.strerror or exc}); start one with `ray start "
                          "--head`, or leave --ray-address out to run a local Ray") from None
 
@@ -123,7 +130,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None,
         ray.init(address=address, **kw)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, AuthenticationError, ...
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise InputError(f"--ray-address {address!r}: cannot join the Ray cluster ({first}). "
+        raise InputError(f"{address_label(address)}: cannot join the Ray cluster ({first}). "
                          "If the head uses token authentication (Ray's default), give this "
                          "machine its token: RAY_AUTH_MODE=token with ~/.ray/auth_token or "
                          "RAY_AUTH_TOKEN") from None

@@ -65,6 +65,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 #: a study name becomes the default folder runs/<name>: one path component, no traversal
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: system backends: ``auto`` is a long-lived astra-sim process per Ray actor (the design's
+#: shape) and in-process ASTRA-Sim when trials run in the driver (``--workers 0``)
+BACKENDS = ("auto", "subprocess", "inproc")
 #: sim's latency providers a space may choose (``auto`` picks per instance)
 LATENCY_PROVIDERS = ("auto", "measured", "roofline", "aic")
 
@@ -513,7 +516,7 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
                                                    "max_sim_time_s"))
     simulator = {"latency_provider": sm.choice("latency_provider", LATENCY_PROVIDERS,
                                                "auto"),
-                 "backend": sm.choice("backend", ("inproc", "subprocess"), "inproc"),
+                 "backend": sm.choice("backend", BACKENDS, "auto"),
                  "seed": sm.num("seed", 0, integer=True, minimum=0),
                  "max_sim_time_s": sm.num("max_sim_time_s", None, minimum=0, exclusive=True)}
     # ---- knobs
@@ -552,7 +555,9 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         population_size=se.num("population_size", 16, integer=True, minimum=2),
         trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True))
 
-    name = top.get("name") if top.get("name") is not None else Path(source).stem
+    name = top.get("name")
+    if name is None:  # from the file name, made safe for runs/<name>
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", Path(source).stem).lstrip("._-")[:100] or "space"
     if not isinstance(name, str) or not _NAME.match(name):
         raise InputError(f"name: {name!r} is not a study name; use letters, digits, '.', '_' "
                          "or '-' (it names the folder runs/<name>), starting with a letter or "

@@ -108,7 +108,7 @@ class SearchSummary:
     requeued: int
     #: draws that repeated an evaluated configuration, answered from its stored result
     repeats: int = 0
-    #: where the trials ran: "ray (N actors)" or "in-process"
+    #: where the trials ran: "ray (N workers)" or "in-process"
     pool: str = ""
 
 

@@ -97,12 +97,20 @@ def _backend(opts):
     return _BACKENDS[key]
 
 
+def resolve_backend(options: dict, default: str) -> dict:
+    """Trial options with the space's ``auto`` backend made concrete for this worker."""
+    if options.get("backend", "auto") != "auto":
+        return options
+    return {**options, "backend": default}
+
+
 def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None
               ) -> TrialResult:
     import sim
 
     cluster = sim.parse_cluster(task["cluster"], source=f"trial {task['number']}")
-    opts = sim.SimOptions(**task["options"])
+    opts = sim.SimOptions(**resolve_backend(task["options"], task.get("default_backend",
+                                                                      "inproc")))
     res = sim.simulate(cluster, workloads.get(space.workload, rate), opts, backend=_backend(opts))
     requests = res.requests_table()
     summary = dict(res.summary)
@@ -183,4 +191,6 @@ class SimWorker:
         return self.node
 
     def run(self, task: dict) -> TrialResult:
-        return evaluate(self.space, task, self.workloads, self.node)
+        # an actor owns one long-lived astra-sim process unless the space chose inproc
+        return evaluate(self.space, {**task, "default_backend": "subprocess"}, self.workloads,
+                        self.node)

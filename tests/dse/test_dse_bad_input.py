@@ -92,6 +92,9 @@ SEARCH_CASES = [
                                            "127.0.0.1:1"], ["--ray-address", "127.0.0.1:1"]),
     ("ray-address-malformed", lambda d: [_space(d, "ok5.yaml"), "--ray-address", "nohost"],
      ["--ray-address", "HOST:PORT"]),
+    ("ray-address-with-workers-0", lambda d: [_space(d, "ok6.yaml"), "--ray-address",
+                                              "127.0.0.1:1", "--workers", "0"],
+     ["--ray-address", "--workers 0", "uses no Ray"]),
 ]
 
 
@@ -120,6 +123,13 @@ def test_dse_search_refuses_before_running(d, argv, needles, capsys, monkeypatch
     t0 = time.monotonic()
     assert_one_line(capsys, main(["search", *args]), needles)
     assert time.monotonic() - t0 < 30  # the unreachable address is given up quickly
+
+
+def test_dse_search_refuses_unreachable_ray_address_env(d, capsys, monkeypatch):
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    rc = main(["search", _space(d, "ok7.yaml"), "--out", str(d / "runs" / "y")])
+    assert_one_line(capsys, rc, ["RAY_ADDRESS='127.0.0.1:1'", "no Ray head answers"])
 
 
 def test_dse_check_accepts_every_shipped_space(capsys):
