@@ -193,7 +193,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
             _check_keys(cpu_raw, {"mem_size", "mem_bw", "mem_latency", "pim_config"},
                         f"{where}.cpu_mem")
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
-                                power=nd.get("power"), pim_config=cpu_raw.get("pim_config")
+                                power=_power(nd.get("power"), f"{where}.power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
     return ClusterConfig(nodes=tuple(nodes),
                          link_bw_GBps=_per_dim_field(data, "link_bw", 16.0, source, positive=True),
@@ -216,6 +216,30 @@ def _per_dim_field(data: dict, key: str, default: float, source: str, *,
         return [_num({key: x}, key, source, positive=positive) if x is not None else
                 _num({key: "null"}, key, source) for x in v]
     return _num(data, key, source, default=default, positive=positive)
+
+
+def _power(raw: Any, where: str) -> dict | None:
+    """A node's power block (LLMServingSim's schema): its shape and numbers are checked
+    here; which fields each section needs is checked where power is modelled."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError("must be an object (base_node_power, npu, cpu, dram, link, nic, "
+                         "storage)", source=where)
+    for key, v in raw.items():
+        if key == "npu":
+            if not isinstance(v, dict) or not all(isinstance(b, dict) for b in v.values()):
+                raise InputError("field 'npu' must map hardware names to objects of numbers",
+                                 source=where)
+            for hw, block in v.items():
+                for f in block:
+                    _num(block, f, f"{where}.npu.{hw}", positive=False)
+        elif isinstance(v, dict):
+            for f in v:
+                _num(v, f, f"{where}.{key}", positive=False)
+        else:
+            _num(raw, key, where, positive=False)
+    return raw
 
 
 def _cxl(raw: Any, source: str) -> dict | None:

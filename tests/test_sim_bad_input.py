@@ -180,11 +180,15 @@ def _mutated_cluster(draw):
 
 @st.composite
 def cluster_texts(draw):
+    """(suffix, bytes): JSON (where NaN/Infinity are refused by the parser) or YAML (where
+    .nan/.inf reach the field checks), mutated from a valid cluster, any JSON, or bytes."""
     kind = draw(st.sampled_from(["mutated", "mutated", "json", "bytes"]))
     if kind == "bytes":
-        return draw(st.binary(max_size=200))
+        return draw(st.sampled_from([".json", ".yaml"])), draw(st.binary(max_size=200))
     doc = _mutated_cluster(draw) if kind == "mutated" else draw(_json)
-    return json.dumps(doc, allow_nan=True).encode()
+    if draw(st.booleans()):
+        return ".yaml", yaml.safe_dump(doc).encode()
+    return ".json", json.dumps(doc, allow_nan=True).encode()
 
 
 def _load_and_validate_cluster(path):
@@ -196,8 +200,9 @@ def _load_and_validate_cluster(path):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=cluster_texts())
 def test_fuzz_cluster_loader_exit_2_or_success(tmp_path, data):
-    p = tmp_path / "fuzz.json"
-    p.write_bytes(data)
+    suffix, text = data
+    p = tmp_path / f"fuzz{suffix}"
+    p.write_bytes(text)
     assert _guarded(_load_and_validate_cluster, p) in (0, 2)
 
 
