@@ -10,9 +10,12 @@ on the nodes that are left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -107,6 +110,27 @@ def _probe_address(address: str, timeout: float) -> None:
                          "--head`, or leave --ray-address out to run a local Ray") from None
 
 
+@contextlib.contextmanager
+def _stderr_kept_on_success():
+    """Hold what is written to file descriptor 2 (Ray's C++ logs too); replay it if the
+    block succeeds, drop it if it raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                tmp.seek(0)
+                sys.stderr.write(tmp.read().decode(errors="replace"))
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None,
              connect_timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """Start local Ray (or join ``address``/RAY_ADDRESS). Returns True if we started it."""
@@ -126,8 +150,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None,
     # keeps the token in ~/.ray/auth_token; a client must then ask for token mode itself.
     if "RAY_AUTH_MODE" not in os.environ and _token_available():
         os.environ["RAY_AUTH_MODE"] = "token"
+    # One connection attempt (about 35 s when something listens there but is not a Ray
+    # head), not Ray's default of retrying for minutes.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "1")
     try:
-        ray.init(address=address, **kw)
+        with _stderr_kept_on_success():  # a failed join prints one line, not Ray's log
+            ray.init(address=address, **kw)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, AuthenticationError, ...
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise InputError(f"{address_label(address)}: cannot join the Ray cluster ({first}). "
