@@ -152,8 +152,10 @@ def _add_astra_config(sub) -> None:
                             "for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
-    p.add_argument("--collective", default="ring",
-                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+    p.add_argument("--collective", default=None,
+                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"],
+                   help="collective algorithm on every dimension (default: the cluster's "
+                        "collective_algorithm, else ring)")
 
 
 def _astra_config(args) -> int:
