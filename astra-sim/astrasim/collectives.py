@@ -36,10 +36,13 @@ D//2^k to the peer 2^(k-1) away, the doubling half retraces it; all-gather sends
 D, 2D, 4D... to peers N/2, N/4, ... away; all-to-all is not implemented upstream):
     the packets' link times + ed per bundle + reduce of packets 2..K (all-reduce and
     reduce-scatter; upstream's first packet of a round is never reduced)
-doubleBinaryTree (all-reduce; not checked against upstream's tree protocol; other
-collectives use ring):
-    sum_{j<D} [link(S/2, hop(2^j)) + reduce(S/2)] + sum_{j<D} link(S/2, hop(2^j)) + (2D+1) ed
+doubleBinaryTree (N a power of two; upstream runs its tree all-reduce of D whatever the
+collective type): a root over a complete binary tree in in-order positions, every message
+the whole D; see _double_binary_tree. On FullyConnected, d = log2 N:
+    (2d+1) ed + 2d link(D) + (2d-1) reduce(D)
 
+Only the dimensions the collective type's implementation list covers take part (upstream
+builds one logical dimension per list entry; a key left out covers every dimension).
 Multi-dimensional collectives run one phase per involved dimension (N = 1 skipped), each
 phase's D being the previous phase's output: all-reduce with localBWAware =
 reduce-scatter up the dimensions, all-reduce on the last, all-gather back down;
@@ -104,9 +107,9 @@ class CollectiveModel:
         self.impls = {c: system.impl(c, nd) for c in (AR, AG, RS, A2A)}
         for c, impls in self.impls.items():
             for d, (name, dim) in enumerate(zip(impls, network.dims)):
-                if name == "halvingDoubling" and dim.npus & (dim.npus - 1):
+                if name in ("halvingDoubling", "doubleBinaryTree") and dim.npus & (dim.npus - 1):
                     raise ConfigError(f"{system.source}: {c.replace('_', '-')}-implementation"
-                                      f"[{d}] halvingDoubling needs a power-of-two NPU count, "
+                                      f"[{d}] {name} needs a power-of-two NPU count, "
                                       f"dimension {d} has {dim.npus}")
         self._memo: dict = {}
         self._all_dims = (True,) * nd
@@ -124,6 +127,8 @@ class CollectiveModel:
     @staticmethod
     def final_size(algo: str, comm: str, n: int, data: int) -> int:
         """The data size a phase hands to the next phase (upstream's final_data_size)."""
+        if algo == "doubleBinaryTree":  # upstream runs its tree all-reduce for any type
+            return data
         if comm == RS:
             return data // n
         if comm == AG:
@@ -137,9 +142,7 @@ class CollectiveModel:
         if n <= 1:
             return 0
         if algo == "doubleBinaryTree":
-            if comm == AR:
-                return self._double_binary_tree(dim, data)
-            algo = "ring"
+            return self._double_binary_tree(dim, data)
         if algo == "ring":
             return self._ring(comm, dim, data)
         if algo == "direct":
@@ -202,11 +205,39 @@ class CollectiveModel:
         return self._sequential(dim, packets, flags)
 
     def _double_binary_tree(self, dim: Dim, data: int) -> int:
-        depth = dim.npus.bit_length() - 1
-        half = data / 2
-        up = sum(self.link(dim, half, dim.hops(2**j)) + self.reduce(half) for j in range(depth))
-        down = sum(self.link(dim, half, dim.hops(2**j)) for j in range(depth))
-        return up + down + (2 * depth + 1) * self.ed
+        """Upstream's DoubleBinaryTreeAllReduce on one of its two trees (mirror images, so
+        equally long): a root with one child, that child the top of a complete binary tree
+        over the other NPUs, numbered in order along the dimension. Every message carries
+        the whole D. Leaves send up after one bundle; an inner node forwards up one bundle
+        and one reduction after its later child arrives; the root reduces and sends down;
+        an inner node reduces and sends down to both children; a leaf ends one bundle after
+        its parent's message. The phase ends with the last NPU."""
+        ed, red = self.ed, self.reduce(data)
+        depth = dim.npus.bit_length() - 1  # levels under the root
+
+        def subtree(lo: int, levels: int):
+            """(position, up_send_time, children) of the in-order subtree at ``lo``."""
+            if levels == 1:
+                return lo, ed, ()
+            left = subtree(lo, levels - 1)
+            me = lo + (1 << (levels - 1)) - 1
+            right = subtree(me + 1, levels - 1)
+            arrive = max(t + self.link(dim, data, dim.hops(me - p)) for p, t, _ in (left, right))
+            return me, arrive + ed + red, (left, right)
+
+        def down(node, recv_time: int) -> int:
+            pos, _, kids = node
+            if not kids:
+                return recv_time + ed
+            send = recv_time + ed + red
+            return max([send] + [down(k, send + self.link(dim, data, dim.hops(k[0] - pos)))
+                                 for k in kids])
+
+        child = subtree(0, depth)  # RootMax: the subtree on 0..N-2, the root at N-1
+        root = dim.npus - 1
+        hop = self.link(dim, data, dim.hops(root - child[0]))
+        root_send = child[1] + hop + ed + red
+        return max(root_send, down(child, root_send + hop))
 
     # ---------- phases of a (multi-dimensional) collective ----------
     def phases(self, comm: str, data: int, dims: tuple[int, ...]) -> list[tuple[str, str, int, int]]:
@@ -248,8 +279,9 @@ class CollectiveModel:
         if len(inv) != self.net.ndims:
             raise ValueError(f"involved_dim has {len(inv)} entries but the network has "
                              f"{self.net.ndims} dimensions")
+        covered = len(self.impls[comm])  # upstream: one logical dimension per entry
         dims = tuple(d for d, (on, dim) in enumerate(zip(inv, self.net.dims))
-                     if on and dim.npus > 1)
+                     if on and dim.npus > 1 and d < covered)
         t = self._chunked(comm, int(size_bytes), dims) if dims else 0
         self._memo[key] = t
         return t

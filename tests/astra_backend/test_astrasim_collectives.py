@@ -62,9 +62,10 @@ def ring(comm, topo, n, d):
 
 def engine(topos, ns, impl="ring", **sys_kw):
     net = Network.build(list(topos), list(ns), [BW[t] for t in topos], [LAT[t] for t in topos])
-    d = {"endpoint-delay": ED, "local-mem-bw": MEMBW, "all-reduce-implementation": [impl],
-         "all-gather-implementation": [impl], "reduce-scatter-implementation": [impl],
-         "all-to-all-implementation": [impl], **sys_kw}
+    impls = [impl] * len(topos)  # one entry per dimension (a shorter list covers fewer)
+    d = {"endpoint-delay": ED, "local-mem-bw": MEMBW, "all-reduce-implementation": impls,
+         "all-gather-implementation": impls, "reduce-scatter-implementation": impls,
+         "all-to-all-implementation": impls, **sys_kw}
     return Engine(net, SystemConfig.from_dict(d))
 
 
@@ -175,16 +176,36 @@ def test_halving_doubling_needs_power_of_two():
         engine(["Ring"], [6], impl="halvingDoubling")
 
 
-@pytest.mark.parametrize("topo", TOPOS)
-def test_double_binary_tree_all_reduce(topo):
-    n, D = 8, 3
-    e = engine([topo], [n], impl="doubleBinaryTree")
-    up = sum(link(topo, S / 2, h=hop(topo, n, 2**j)) + 3 * math.floor(S / 2 / MEMBW)
-             for j in range(D))
-    down = sum(link(topo, S / 2, h=hop(topo, n, 2**j)) for j in range(D))
-    assert e.collective_time(CT.ALL_REDUCE, S, [True]) == up + down + (2 * D + 1) * ED
-    # other collectives fall back to ring
-    assert e.collective_time(CT.ALL_GATHER, S, [True]) == ring("ag", topo, n, S)
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_double_binary_tree_all_reduce(n):
+    # upstream's tree: a root over a complete binary tree, every message the whole D, one
+    # bundle (ed) per send and a reduction per inner node / root on the way up and down.
+    # On FullyConnected every edge is one hop: d = log2 N levels below the root give
+    # (2d+1) ed + 2d link(D) + (2d-1) reduce(D)
+    e = engine(["FullyConnected"], [n], impl="doubleBinaryTree")
+    d = n.bit_length() - 1
+    lk = link("FullyConnected", S, h=1)
+    want = (2 * d + 1) * ED + 2 * d * lk + (2 * d - 1) * red(S)
+    assert e.collective_time(CT.ALL_REDUCE, S, [True]) == want
+    # upstream builds the tree all-reduce whatever the collective type
+    assert e.collective_time(CT.ALL_GATHER, S, [True]) == want
+
+
+def test_double_binary_tree_on_a_ring_pays_the_hop_distances():
+    # N = 4 on a Ring: in-order positions 0 (leaf), 1 (inner), 2 (leaf), root 3; the root's
+    # child is position 1, two hops away on a ring of 4
+    e = engine(["Ring"], [4], impl="doubleBinaryTree")
+    l1, l2 = link("Ring", S, h=1), link("Ring", S, h=2)
+    r = red(S)
+    up_inner = ED + l1 + ED + r
+    root_send = up_inner + l2 + ED + r
+    inner_send = root_send + l2 + ED + r
+    assert e.collective_time(CT.ALL_REDUCE, S, [True]) == inner_send + l1 + ED
+
+
+def test_double_binary_tree_needs_power_of_two():
+    with pytest.raises(ConfigError, match="power-of-two"):
+        engine(["Ring"], [6], impl="doubleBinaryTree")
 
 
 @pytest.mark.parametrize("chunks", [2, 4])

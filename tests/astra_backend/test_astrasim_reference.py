@@ -42,7 +42,7 @@ def _configs(row):
     net = {"topology": topo, "npus_count": _split(row, "npus_count", int),
            "bandwidth": _split(row, "bandwidth_gbps", float),
            "latency": _split(row, "latency_ns", float)}
-    impls = impl if len(impl) == len(topo) else impl * len(topo)
+    impls = impl  # as upstream read it: one entry per dimension the collectives run on
     sysd = {"scheduling-policy": row["scheduling_policy"],
             "endpoint-delay": int(row["endpoint_delay"]),
             "preferred-dataset-splits": int(row["preferred_dataset_splits"]),
