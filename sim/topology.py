@@ -26,7 +26,7 @@ system file's local-mem-bw is decimal GB/s already.
 
 from __future__ import annotations
 
-import warnings
+import logging
 from dataclasses import dataclass
 
 from sim.cluster import ClusterConfig, InstanceConfig
@@ -43,8 +43,7 @@ ENDPOINT_DELAY_NS = 10
 _PLAIN_MEM_BW = 1600.0
 
 
-class LinkWarning(UserWarning):
-    """A cluster file's link that is probably not what the user meant."""
+log = logging.getLogger("sim.topology")
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ def cluster_topology(cluster: ClusterConfig, npus_per_node: int) -> Topology:
 
 
 def check_links(cluster: ClusterConfig) -> list[str]:
-    """Warnings (also issued as ``LinkWarning``) for a cluster file's links that look wrong:
+    """Warnings (also logged on ``sim.topology``) for a cluster file's links that look wrong:
     an intra-node bandwidth twice the hardware's per-direction figure (a bidirectional
     number, as LLMServingSim's H100 example writes NVLink's 900 GB/s) or a zero latency."""
     out = []
@@ -254,5 +253,5 @@ def check_links(cluster: ClusterConfig) -> list[str]:
         out.append(f"{cluster.source}: link_latency 0 ns: every real link hop takes time "
                    "(NVLink ~0.5 us, PCIe ~1 us, InfiniBand ~1 us; see profiles/hardware)")
     for msg in out:
-        warnings.warn(msg, LinkWarning, stacklevel=2)
+        log.warning(msg)
     return out

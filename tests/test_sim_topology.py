@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import pytest
 from astrasim import CollectiveCommType as CT
@@ -10,8 +10,7 @@ from astrasim import GraphBuilder
 
 import sim
 from sim.backend import AstraInprocBackend
-from sim.topology import (ASTRA_GBPS, LinkWarning, check_links, instance_topology,
-                          link_between)
+from sim.topology import ASTRA_GBPS, check_links, instance_topology, link_between
 
 
 def _cluster(hw="H100-SXM", tp=8, nodes=1, mem_bw=3350, **top):
@@ -70,15 +69,35 @@ def test_bus_bandwidth_never_exceeds_the_per_gpu_link(tp):
     assert busbw <= 450
 
 
-def test_bidirectional_looking_link_and_zero_latency_warn():
-    with pytest.warns(LinkWarning, match="bidirectional"):
-        check_links(_cluster(link_bw=900, link_latency=500))
-    with pytest.warns(LinkWarning, match="latency 0"):
-        check_links(_cluster(link_bw=450, link_latency=0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert check_links(_cluster(link_bw=450, link_latency=300)) == []
-        assert check_links(_cluster()) == []
+def test_bidirectional_looking_link_and_zero_latency_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="sim.topology"):
+        assert "bidirectional" in check_links(_cluster(link_bw=900, link_latency=500))[0]
+        assert "latency 0" in check_links(_cluster(link_bw=450, link_latency=0))[0]
+    assert len(caplog.records) == 2
+    assert check_links(_cluster(link_bw=450, link_latency=300)) == []
+    assert check_links(_cluster()) == []
+
+
+def test_the_cli_prints_the_link_warning_and_still_runs(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cluster = {"num_nodes": 1, "link_bw": 900, "link_latency": 0, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": 2, "tp_size": 2}]}]}
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 64, "output_toks": 4,
+                                                  "arrival_time_ns": 0}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
+                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
+                        "--output", str(tmp_path / "out.csv")],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "bidirectional" in p.stderr and "latency 0" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_collective_algorithm_from_the_cluster_file():
