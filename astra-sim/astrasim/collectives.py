@@ -55,14 +55,16 @@ splits; ceil(D / chunk) chunks; a non-all-gather chunk is at least the total NPU
 as upstream clamps it). Each dimension has one queue that runs at most
 A = active-chunks-per-dimension chunk phases at once; congestion-unaware, concurrent
 chunks do not slow each other. A chunk enters its next phase's queue when it leaves the
-previous one; waiting chunks start in priority order (LIFO: the latest-created chunk
-first, FIFO: the earliest). The collective ends when its last chunk leaves its last phase.
+previous one; waiting chunk phases start in arrival order (upstream gives every chunk of a
+collective the collective's one LIFO/FIFO priority, and its queues keep equal priorities in
+insertion order). The collective ends when its last chunk leaves its last phase.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 
 from astrasim.chakra import CollectiveCommType as CT
 from astrasim.config import ConfigError, Dim, Network, SystemConfig
@@ -312,38 +314,33 @@ class CollectiveModel:
 
     def _schedule(self, phases: list[tuple[int, int]], count: int) -> int:
         """Finish time of ``count`` identical chunks flowing through ``phases`` ((queue,
-        cycles) each), every queue running at most active-chunks-per-dimension at once."""
+        cycles) each), every queue running at most active-chunks-per-dimension at once.
+        Every chunk of a collective has the collective's one priority, so a queue serves
+        its waiting chunk phases in arrival order."""
         slots = self.sys.active_chunks_per_dimension
-        lifo = self.sys.scheduling_policy == "LIFO"
         running = {q: 0 for q, _ in phases}
-        waiting: dict[int, list] = {q: [] for q, _ in phases}
-        events: list = []
-        seq = 0
+        waiting: dict[int, deque] = {q: deque() for q, _ in phases}
+        events: list = []  # (finish time, start order, phase index)
+        order = 0
         end = 0
 
         def start(q, now):
-            nonlocal seq
+            nonlocal order
             while running[q] < slots and waiting[q]:
-                _, _, c, j = heapq.heappop(waiting[q])
+                j = waiting[q].popleft()
                 running[q] += 1
-                seq += 1
-                heapq.heappush(events, (now + phases[j][1], seq, c, j))
+                order += 1
+                heapq.heappush(events, (now + phases[j][1], order, j))
 
-        def enqueue(c, j):
-            nonlocal seq
-            seq += 1
-            prio = c if lifo else -c
-            heapq.heappush(waiting[phases[j][0]], (-prio, seq, c, j))
-
-        for c in range(count):
-            enqueue(c, 0)
+        for _ in range(count):
+            waiting[phases[0][0]].append(0)
             start(phases[0][0], 0)
         while events:
-            now, _, c, j = heapq.heappop(events)
+            now, _, j = heapq.heappop(events)
             q = phases[j][0]
             running[q] -= 1
             if j + 1 < len(phases):
-                enqueue(c, j + 1)
+                waiting[phases[j + 1][0]].append(j + 1)
             else:
                 end = now
             start(q, now)

@@ -267,3 +267,20 @@ def test_p2p(topo):
                       + m / min(bpn(BW[topo]), bpn(BW["Switch"])))
     assert e.p2p_time(0, 5, m) == want
     assert e.p2p_time(3, 3, m) == 0
+
+
+@pytest.mark.parametrize("policy", ["LIFO", "FIFO"])
+def test_a_dimension_queue_serves_chunk_phases_in_arrival_order(policy):
+    # 3 chunks, 1 active per dimension: the first chunk's all-gather reaches dimension 0
+    # while the third chunk's reduce-scatter has waited there since the start. Every chunk
+    # carries the collective's one priority, so arrival order decides (either policy).
+    e = engine(["Ring", "Switch"], [4, 2], **{"preferred-dataset-splits": 3,
+                                            "active-chunks-per-dimension": 1,
+                                            "scheduling-policy": policy})
+    c = S // 3
+    rs, ar, ag = ring("rs", "Ring", 4, c), ring("ar", "Switch", 2, c // 4), \
+        ring("ag", "Ring", 4, c // 4)
+    assert ar <= rs
+    # dim 0: RS0 RS1 RS2 back to back, then AG0, AG1, and AG2 once its AR is done
+    want = max(3 * rs + 2 * ag, 3 * rs + ar) + ag
+    assert e.collective_time(CT.ALL_REDUCE, S, [True, True]) == want
