@@ -235,7 +235,8 @@ def cluster_topology(cluster: ClusterConfig, npus_per_node: int) -> Topology:
 def check_links(cluster: ClusterConfig) -> list[str]:
     """Warnings (also logged on ``sim.topology``) for a cluster file's links that look wrong:
     an intra-node bandwidth twice the hardware's per-direction figure (a bidirectional
-    number, as LLMServingSim's H100 example writes NVLink's 900 GB/s) or a zero latency."""
+    number, as LLMServingSim's H100 example writes NVLink's 900 GB/s), a zero latency, or
+    the direct algorithm on a switch (optimistic without congestion)."""
     out = []
     seen = set()
     for inst in cluster.instances:
@@ -252,6 +253,13 @@ def check_links(cluster: ClusterConfig) -> list[str]:
     if 0.0 in lats:
         out.append(f"{cluster.source}: link_latency 0 ns: every real link hop takes time "
                    "(NVLink ~0.5 us, PCIe ~1 us, InfiniBand ~1 us; see profiles/hardware)")
+    if "direct" in _cluster_algorithms(cluster) and any(
+            intra_node_link(cluster, i).topology == "Switch" and i.tp_size > 2
+            for i in cluster.instances):
+        out.append(f"{cluster.source}: collective_algorithm direct on a switch: the "
+                   "congestion-unaware network gives each of a GPU's N-1 concurrent messages "
+                   "the whole per-GPU link, so direct collectives come out up to N-1 times "
+                   "too fast (ring keeps to the link)")
     for msg in out:
         log.warning(msg)
     return out

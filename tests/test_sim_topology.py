@@ -73,7 +73,8 @@ def test_bidirectional_looking_link_and_zero_latency_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="sim.topology"):
         assert "bidirectional" in check_links(_cluster(link_bw=900, link_latency=500))[0]
         assert "latency 0" in check_links(_cluster(link_bw=450, link_latency=0))[0]
-    assert len(caplog.records) == 2
+        assert "direct on a switch" in check_links(_cluster(collective_algorithm="direct"))[0]
+    assert len(caplog.records) == 3
     assert check_links(_cluster(link_bw=450, link_latency=300)) == []
     assert check_links(_cluster()) == []
 
