@@ -29,12 +29,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from astrasim.config import IMPLEMENTATIONS
+
 from sim.cluster import ClusterConfig, InstanceConfig
 from sim.errors import InputError
 
 #: ASTRA-Sim network bandwidth unit (2^30 B/s) per decimal GB/s
 ASTRA_GBPS = 1e9 / (1 << 30)
-ALGORITHMS = ("ring", "direct", "halvingDoubling", "doubleBinaryTree")
+#: the collective algorithms astra-sim implements (its one list)
+ALGORITHMS = tuple(IMPLEMENTATIONS.values())
 #: what a two-NPU-or-more dimension of an instance network uses when nothing is said
 DEFAULT_ALGORITHM = "ring"
 #: the system-layer keys every network shares (upstream's defaults otherwise)
