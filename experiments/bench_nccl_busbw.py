@@ -1,6 +1,6 @@
 """All-reduce bus bandwidth vs message size on the H100 catalogue entry, next to nccl-tests.
 
-Usage: PYTHONPATH=. python experiments/bench_nccl_busbw.py [--hardware H100-SXM] [--markdown]
+Usage: PYTHONPATH=.:astra-sim python experiments/bench_nccl_busbw.py [--hardware H100-SXM]
 
 For TP 2, 4 and 8 on one node, the instance network is the one ``llmsim run`` simulates
 (sim.topology: NVSwitch as a switch with one per-GPU NVLink4 link of 450 GB/s per
@@ -29,19 +29,14 @@ per-link figure at every GPU count, which is what the TP 2 and 4 rows are held t
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "astra-sim"))
+from astrasim import CollectiveCommType as CT
+from astrasim import GraphBuilder
 
-from astrasim import CollectiveCommType as CT  # noqa: E402
-from astrasim import GraphBuilder  # noqa: E402
-
-import sim  # noqa: E402
-from sim.backend import AstraInprocBackend  # noqa: E402
-from sim.hardware import load_hardware  # noqa: E402
-from sim.topology import instance_topology  # noqa: E402
+import sim
+from sim.backend import AstraInprocBackend
+from sim.hardware import load_hardware
+from sim.topology import instance_topology
 
 #: nccl-tests' large-message busbw for 8x H100 SXM with NCCL_ALGO=RING (see the docstring)
 NCCL_RING_BUSBW = 370.0
