@@ -117,3 +117,28 @@ def test_unknown_hardware_needs_the_cluster_links():
     bare = _cluster(hw="MYCHIP")
     with pytest.raises(sim.InputError, match="link_bw.*MYCHIP"):
         instance_topology(bare, bare.instances[0])
+
+
+@pytest.mark.parametrize("top,fragment", [
+    ({"collective_algorithm": "butterfly"}, "collective_algorithm': unknown algorithm 'butterfly'"),
+    ({"link_bw": [1, 2, 3]}, "field 'link_bw' must be"),
+])
+def test_bad_network_fields_exit_2_with_one_line(tmp_path, top, fragment):
+    import json
+    import subprocess
+    import sys
+
+    cluster = {"num_nodes": 1, **top, "nodes": [{"num_instances": 1, "instances": [{
+        "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+        "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+        "num_npus": 2, "tp_size": 2}]}]}
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 8, "output_toks": 2,
+                                                  "arrival_time_ns": 0}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
+                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
+                        "--output", str(tmp_path / "o.csv")],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2
+    assert fragment in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
