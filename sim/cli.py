@@ -152,8 +152,11 @@ def _add_astra_config(sub) -> None:
                             "for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
-    p.add_argument("--collective", default="ring",
-                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+    from sim.topology import ALGORITHMS
+
+    p.add_argument("--collective", default=None, choices=ALGORITHMS,
+                   help="collective algorithm on every dimension (default: the cluster's "
+                        "collective_algorithm, else ring)")
 
 
 def _astra_config(args) -> int:

@@ -27,7 +27,8 @@ _INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "p
                   "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
                   *INSTANCE_SCHEDULER_KEYS}
 _NODE_KEYS = {"num_instances", "cpu_mem", "instances", "power"}
-_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem"}
+_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem",
+             "collective_algorithm"}
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,9 @@ class NodeConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    link_bw_GBps: float = 16.0
-    link_latency_ns: float | list = 0.0
+    #: per direction, decimal GB/s; a number or one per dimension; None: the hardware's
+    link_bw_GBps: float | list | None = None
+    link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
     source: str = "<cluster>"
     raw: dict = field(default_factory=dict, repr=False, compare=False)
@@ -183,9 +185,9 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
                                 power=nd.get("power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
-    link_lat = data.get("link_latency", 0)
+    link_lat = data.get("link_latency")
     return ClusterConfig(nodes=tuple(nodes),
-                         link_bw_GBps=data.get("link_bw", 16.0),
+                         link_bw_GBps=data.get("link_bw"),
                          link_latency_ns=link_lat, cxl_mem=data.get("cxl_mem"), source=source,
                          raw=data)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from astrasim import GraphBuilder
 
-from sim.backend import SystemBackend, instance_network, make_backend
+from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
@@ -28,6 +28,8 @@ from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
+from sim.topology import (Topology, check_links, instance_topology, link_between,
+                          transfer_topology)
 from sim.workload import Workload
 
 
@@ -45,7 +47,7 @@ class InstanceRuntime:
     lower_tier: PrefixTier | None = None
     pim: object | None = None
     #: the instance's own ASTRA-Sim network (TP group x pipeline stages)
-    network: dict | None = None
+    network: Topology | None = None
 
 
 def _import_providers() -> None:
@@ -194,6 +196,7 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
+    check_links(cluster)
     out = []
     for inst in cluster.instances:
         model = load_model(inst.model_name)
@@ -206,10 +209,9 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
-        bw, lat = _link(cluster, inst, inst)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
-                                   network=instance_network(inst.tp_size, inst.pp_size, bw, lat)))
+                                   network=instance_topology(cluster, inst)))
     return out
 
 
@@ -300,14 +302,9 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
 
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
-    link_bw/link_latency, inter-node the last dimension."""
-    dim = 0 if a.node_id == b.node_id else -1
-
-    def pick(v):
-        return float(v[dim] if isinstance(v, list) else v)
-
-    return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
+    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
+    link = link_between(cluster, a, b)
+    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -319,9 +316,7 @@ def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
     link between the two instances.
     """
     shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
-    bw, lat = _link(cluster, src.config, dst.config)
-    network = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [bw],
-               "latency": [lat]}
+    network = transfer_topology(link_between(cluster, src.config, dst.config))
     send, recv = GraphBuilder(0), GraphBuilder(1)
     send.send(1, shard, tag=1, name="kv_send")
     recv.recv(0, shard, tag=1, name="kv_recv")
