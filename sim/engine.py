@@ -643,6 +643,8 @@ class Simulator:
             for k, v in inst.provider.extrapolations().items():
                 extrap[k] = extrap.get(k, 0) + v
         summary["latency_extrapolations"] = extrap
+        # one number a search can constrain on: lookups the latency data did not cover
+        summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(all_reqs, summary, series)
 
     def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
