@@ -348,21 +348,20 @@ class MeasuredProvider:
             pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
             s = self._attn[(pc, nd)]
         kp_axis, rows = s
-        if kd > rows[0][0].vals[-1] or kd > rows[-1][0].vals[-1]:
-            self._note("kv_decode")
         lo, hi, t, ex = kp_axis.bracket(kp)
+        line = self._line
         if ex:
             self._note("kv_prefill")
-            return self._beyond(kp_axis, lambda i: self._line(*self._kd_row(rows[i], kd)), kp)
-        v_lo = self._line(*self._kd_row(rows[lo], kd))
+            return self._beyond(kp_axis, lambda i: line(rows[i][0], rows[i][1], kd, rows[i][2]),
+                                kp)
+        kd_axis, vals, slope = rows[lo]
+        if kd > kd_axis.vals[-1]:
+            self._note("kv_decode")
+        v_lo = line(kd_axis, vals, kd, slope)
         if lo == hi:
             return v_lo
-        return v_lo + t * (self._line(*self._kd_row(rows[hi], kd)) - v_lo)
-
-    @staticmethod
-    def _kd_row(row, kd):
-        kd_axis, vals, slope = row
-        return kd_axis, vals, kd, slope
+        kd_axis, vals, slope = rows[hi]
+        return v_lo + t * (line(kd_axis, vals, kd, slope) - v_lo)
 
     def attention_ns(self, shape: BatchShape) -> float:
         """Attention at the batch's mean decode KV, skew-corrected where the bundle has a
@@ -379,7 +378,23 @@ class MeasuredProvider:
         return t_mean + alpha * (t_max - t_mean) if t_max > t_mean else t_mean
 
     def _attention_at(self, shape: BatchShape, kd: int) -> float:
-        pc, kp, nd = shape.prefill_tokens, shape.prefill_kv, shape.num_decode
+        """Several prompts in one step run as one FlashAttention varlen kernel whose work is
+        the sum over requests of c_i (kv_i + c_i/2), not (sum c) x (sum kv): the grid (one
+        prompt per point) is read at the total chunk (the kernel's query rows) and the
+        cached KV that gives that one prompt the same work; when the work is below even
+        a fresh prompt of that size, the prefill part of that lookup is scaled down by the
+        work ratio over the fixed overhead."""
+        pc, nd = shape.prefill_tokens, shape.num_decode
+        two_w = shape.prefill_work
+        if not (pc and two_w):
+            return self._attention_grid(pc, shape.prefill_kv, nd, kd)
+        excess = two_w - pc * pc
+        if excess >= 0:
+            return self._attention_grid(pc, excess // (2 * pc), nd, kd)
+        base = self._attention_grid(0, 0, nd, kd)
+        return base + (self._attention_grid(pc, 0, nd, kd) - base) * two_w / (pc * pc)
+
+    def _attention_grid(self, pc: int, kp: int, nd: int, kd: int) -> float:
         plo, phi, pt, pex = self._pc_axis.bracket(pc)
         if pex:
             self._note("prefill_chunk")
