@@ -99,6 +99,12 @@ def _run(args) -> int:
           f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
           f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    for iid, kv in (s.get("kv_cache") or {}).items():
+        line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"
+        if kv.get("max_model_len"):
+            line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
+                     f"{kv['max_concurrency']:.2f}x")
+        print(line)
     print(f"wrote {out}, {summary}, {series}")
     if s.get("latency_extrapolations"):
         print(f"note: lookups outside the measured grid (extrapolated): "

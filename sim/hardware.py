@@ -56,6 +56,16 @@ class HardwareSpec:
     scale_out_type: str = ""
     scale_out_bw_GBps: float | None = None
     scale_out_latency_ns: float | None = None
+    #: total device memory as CUDA reports it (torch.cuda.mem_get_info) for a card with
+    #: mem_size_GiB; less than the nominal size (driver/firmware reservations). None = nominal.
+    mem_reported_bytes: int | None = None
+
+    @property
+    def mem_visible_fraction(self) -> float:
+        """The share of the nominal memory that CUDA reports as the device's total."""
+        if not self.mem_reported_bytes or not self.mem_size_GiB:
+            return 1.0
+        return self.mem_reported_bytes / (self.mem_size_GiB * (1 << 30))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for a model dtype (fp8/int8 fall back to bf16 where absent)."""
@@ -97,7 +107,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                              source=source)
     if not ({"bf16", "fp16"} & set(peak)):
         raise InputError("field 'peak_tflops' needs a bf16 or fp16 entry", source=source)
-    opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd")}
+    opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd", "mem_reported_bytes")}
     for k, v in opt.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise InputError(f"field {k!r} must be a non-negative number, got {v!r}", source=source)
@@ -135,6 +145,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         aliases=tuple(str(a) for a in (d.get("aliases") or ())),
         pim_config=d.get("pim_config"),
         pim_mem_GiB=float(d["pim_mem_GiB"]) if d.get("pim_mem_GiB") is not None else None,
+        mem_reported_bytes=(None if opt["mem_reported_bytes"] is None
+                            else int(opt["mem_reported_bytes"])),
         source=source,
     )
 
