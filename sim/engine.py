@@ -157,6 +157,11 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                         f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
                         f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
                         f"{getattr(first, field)!r}; members of a DP group must match")
+            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
+            if a != b:
+                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
+                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
+                                 f"has {b!r}; members of a DP group must match")
     for inst in cluster.instances:
         if inst.ep_size > 1:
             domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
