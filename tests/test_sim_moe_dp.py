@@ -317,3 +317,20 @@ def test_replay_of_the_real_dp2_ep2_run_tracks_its_decode_speed():
     real_e2e = sum(r["last_token_ts"] - r["queued_ts"] for r in rows) / len(rows) * 1e3
     assert res.summary["tpot_ms"]["mean"] == pytest.approx(real_tpot, rel=0.08)
     assert res.summary["latency_ms"]["mean"] == pytest.approx(real_e2e, rel=0.08)
+
+
+@pytest.mark.parametrize("provider", ["measured", "roofline", "aic"])
+def test_dp_ep_waves_run_with_every_latency_provider(provider):
+    # Before, an ep > 1 cluster with the aic provider crashed (the wave asked the provider
+    # for expected_active_experts, which only some providers have).
+    if provider == "aic":
+        pytest.importorskip("aiconfigurator_core", reason="aiconfigurator not installed")
+    from sim.paths import shared_data_root
+    path = shared_data_root() / "validation" / "RTXPRO6000-Qwen3-30B-A3B-DP2-EP2" / "cluster.json"
+    if not path.is_file():
+        pytest.skip(f"shared validation data not available: {path}")
+    res = sim.simulate(sim.load_cluster(path), _workload(n=6),
+                       sim.SimOptions(latency_provider=provider, max_num_seqs=16))
+    assert res.summary["num_finished"] == 6
+    assert res.summary["latency_provider"] == provider
+    assert res.summary["tpot_ms"]["mean"] > 0
