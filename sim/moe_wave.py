@@ -160,35 +160,35 @@ class MoEWave:
         parts = [_rank_parts(self.backend, m, s, r) for m, s, r in zip(members, own, real)]
         layers = model.num_hidden_layers
         total = sum(s.num_tokens for s in own)
-        moe_rank = self._expert_ns(lead, total if dp > 1 else own[0].num_tokens, gate)
+        experts = self._expert_ns(lead, total if dp > 1 else own[0].num_tokens, gate)
+        mine_moe = _member_share(experts, dp)
         exch = self._exchange_ns(members, [s.num_tokens for s in own]) if dp > 1 else 0
-        block = max(p[1] for p in parts)
-        wave = (max(p[0] for p in parts) + layers * (block + exch + moe_rank)
+        # every layer: the slowest rank's attention/dense part, the exchange, the slowest
+        # EP rank's experts (the collectives wait for the last to arrive)
+        wave = (max(p[0] for p in parts)
+                + layers * (max(p[1] for p in parts) + exch + max(experts))
                 + max(p[2] for p in parts))
         ranks = []
-        for (pro, blk, head, attn, tp_comm), s, r in zip(parts, own, real):
+        for (pro, blk, head, attn, _), s, r, moe in zip(parts, own, real, mine_moe):
             busy_dense = pro + layers * (blk - attn) + head
-            mine = busy_dense + layers * (attn + moe_rank + exch)
-            ranks.append(RankStep(layers * attn, busy_dense, layers * moe_rank, layers * exch,
+            mine = busy_dense + layers * (attn + moe + exch)
+            ranks.append(RankStep(layers * attn, busy_dense, layers * moe, layers * exch,
                                   wave - mine, s.num_tokens, r))
         out = WaveStep(int(wave), tuple(ranks))
         if self.record is not None:
             self.record.append(out)
         return out
 
-    def _expert_ns(self, inst, tokens: int, gate) -> int:
-        """The slowest EP rank's expert compute for ``tokens`` tokens entering the layer:
-        the gate spreads tokens * top_k assignments over the ep ranks; a rank's time is the
+    def _expert_ns(self, inst, tokens: int, gate) -> list[int]:
+        """Each EP rank's expert compute for ``tokens`` tokens entering the layer: the gate
+        spreads tokens * top_k assignments over the ep ranks; a rank's time is the
         profile's at the tokens that give its assignments and its activated experts."""
         model = inst.model
         k = model.num_experts_per_tok
         prov = inst.provider
-        worst = 0
-        for assignments, active in gate.assign(tokens, model.num_experts, k,
-                                               inst.config.ep_size):
-            if assignments:
-                worst = max(worst, prov.moe_ns(-(-assignments // k), max(1, active)))
-        return worst
+        return [prov.moe_ns(-(-assignments // k), max(1, active)) if assignments else 0
+                for assignments, active in gate.assign(tokens, model.num_experts, k,
+                                                       inst.config.ep_size)]
 
     def _exchange_ns(self, members: list, tokens: list[int]) -> int:
         """Dispatch + combine of one MoE layer over the DP group, timed by the backend."""
@@ -218,6 +218,20 @@ class MoEWave:
             t = self._exchange[key] = self.backend.run_graphs(network, graphs,
                                                               name="moe_exchange")
         return t
+
+
+def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
+    """Each DP member's expert time: the slowest of the EP ranks it hosts (EP rank r lives
+    on member r * dp // ep; with fewer EP ranks than members, members share one)."""
+    ep = len(per_ep_rank)
+    out = [0] * dp
+    for r, t in enumerate(per_ep_rank):
+        m = r * dp // ep
+        out[m] = max(out[m], t)
+    for m in range(dp):
+        if not out[m]:
+            out[m] = per_ep_rank[m * ep // dp]
+    return out
 
 
 def _fields(s: BatchShape) -> tuple:

@@ -334,3 +334,17 @@ def test_dp_ep_waves_run_with_every_latency_provider(provider):
     assert res.summary["num_finished"] == 6
     assert res.summary["latency_provider"] == provider
     assert res.summary["tpot_ms"]["mean"] > 0
+
+
+def test_less_loaded_ep_rank_waits_for_the_busiest_at_the_combine():
+    class Skewed:
+        def assign(self, tokens, num_experts, top_k, ep):
+            total = tokens * top_k
+            return [(total * 3 // 4, num_experts // ep), (total - total * 3 // 4, 8)]
+
+    s, _ = _wave(_cluster())
+    step = s.moe_wave.step(s.instances, [_decode(64), _decode(64)], Skewed())
+    busy, light = step.ranks
+    assert busy.moe_ns > light.moe_ns
+    assert light.wait_ns - busy.wait_ns == busy.moe_ns - light.moe_ns
+    s.close()
