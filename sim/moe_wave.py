@@ -246,10 +246,12 @@ def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: 
     hidden state times the chance it goes to a given rank)."""
     graphs = {}
     if kind == "allgather_reducescatter":
+        # ASTRA-Sim reads an all-gather's size as each NPU's contribution (the padded
+        # largest share) and a reduce-scatter's as the whole input buffer
         gathered = dp * max(tokens)
         for r in range(dp):
             b = GraphBuilder(r)
-            d = b.all_gather(gathered * (hidden + logits), involved_dim=[True],
+            d = b.all_gather(max(tokens) * (hidden + logits), involved_dim=[True],
                              name="moe_dispatch_all_gather")
             b.reduce_scatter(gathered * hidden, involved_dim=[True], deps=[d],
                              name="moe_combine_reduce_scatter")

@@ -129,7 +129,8 @@ def _ag_rs_ns(s, dp, tokens_per_rank, model, bw=64, lat=1000):
     graphs = {}
     for r in range(dp):
         b = GraphBuilder(r)
-        d = b.all_gather(total * (row + logits), involved_dim=[True])
+        # ASTRA-Sim reads an all-gather's size as each NPU's own contribution
+        d = b.all_gather(tokens_per_rank * (row + logits), involved_dim=[True])
         b.reduce_scatter(total * row, involved_dim=[True], deps=[d])
         graphs[r] = b.build()
     net = {"topology": ["FullyConnected"], "npus_count": [dp], "bandwidth": [bw],
