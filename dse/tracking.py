@@ -1,9 +1,12 @@
 """MLflow tracking: one parent run per study, one child run per trial.
 
 Only the driver writes here. Each child is one ``create_run`` + one ``log_batch`` + one
-``log_artifacts`` (per-request table, cluster config, time series): a few tens of ms,
-small beside a trial. The store defaults to ``sqlite:///<out>/mlflow.db`` with artifacts
-under ``<out>/mlartifacts``.
+``log_artifacts`` (per-request table, cluster config, time series, a TTFT/TPOT histogram
+image): a few tens of ms, small beside a trial. Metric names are grouped by prefix
+(``objective/``, ``ttft/``, ``constraint/``...), the experiment is tagged as a training-style
+one so MLflow 3's UI opens on its runs table, and the parent run carries the Pareto table,
+the report and the exported configurations. The store defaults to
+``sqlite:///<out>/mlflow.db`` with artifacts under ``<out>/mlartifacts``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,67 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 MAX_PARAM_LEN = 6000
+#: MLflow 3's UI picks its layout by experiment kind: this one shows the runs table first
+#: (the UI's own toggle is the ``workflowType`` URL parameter, see :func:`runs_url`)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+HISTOGRAM = "latency_hist.png"
+#: flat study metrics -> the group they are shown under
+_GROUPS = {"attainment": "slo", "capacity_rps": "slo", "throughput_rps": "throughput",
+           "gen_tps": "throughput", "preemptions": "scheduler", "prefix_hit_ratio": "scheduler",
+           "simulated_s": "run", "wall_s": "run", "attempts": "run"}
+
+
+def metric_name(key: str) -> str:
+    """A metric's name grouped by prefix, as MLflow's UI groups charts by the part before
+    '/': ``objective.p99_ttft`` -> ``objective/p99_ttft``, ``ttft_ms.p99`` ->
+    ``ttft/p99_ms``, ``constraint.p99_ttft_ms`` -> ``constraint/p99_ttft_ms``,
+    ``gen_tps`` -> ``throughput/gen_tps``; study totals (``trials_complete``) -> ``study/..``."""
+    if "." in key:
+        head, rest = key.split(".", 1)
+        if head.endswith("_ms"):
+            return f"{head[:-3]}/{rest}_ms"
+        return f"{head}/{rest}"
+    group = _GROUPS.get(key) or ("study" if key.startswith(("trials_", "pareto", "tracking"))
+                                 else "run")
+    return f"{group}/{key}"
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The MLflow UI page of the experiment's runs table (in the machine-learning view)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def latency_histogram_png(requests, path: Path) -> bool:
+    """A small TTFT/TPOT histogram of one trial's requests (matplotlib, Agg); False when
+    the table lacks the columns or has no rows."""
+    if requests is None or not len(requests) or "ttft_ns" not in requests:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ttft = requests["ttft_ns"].to_numpy(float) / 1e6
+    tpot = requests.loc[requests["output_tokens"] > 1, "tpot_ns"].to_numpy(float) / 1e6 \
+        if "tpot_ns" in requests and "output_tokens" in requests else []
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.8), dpi=80)
+    for ax, vals, name in ((axes[0], ttft, "TTFT"), (axes[1], tpot, "TPOT")):
+        if len(vals):
+            ax.hist(vals, bins=30, color="#1f77b4")
+            ax.axvline(float(np.percentile(vals, 99)), color="#d62728", linestyle="--",
+                       label=f"p99 {np.percentile(vals, 99):.3g} ms")
+            ax.legend(fontsize=8)
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("requests")
+        ax.set_title(f"{name}, {len(vals)} requests", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -40,10 +103,13 @@ class Tracker:
         if exp is None:
             art = (out_dir.resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") \
                 else None
-            self.experiment_id = self.client.create_experiment(experiment,
-                                                               artifact_location=art)
+            self.experiment_id = self.client.create_experiment(
+                experiment, artifact_location=art, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
             self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
+                                               EXPERIMENT_KIND)
         self.parent_id: str | None = None
         self.seconds = 0.0  # time spent tracking, reported at the end
 
@@ -77,15 +143,29 @@ class Tracker:
 
         t0 = time.perf_counter()
         ts = int(time.time() * 1000)
-        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), ts, 0)
+        self.client.log_batch(self.parent_id, metrics=[Metric(metric_name(k), float(v), ts, 0)
                                                        for k, v in metrics.items()])
         for p in artifacts:
             if p.is_dir():
                 self.client.log_artifacts(self.parent_id, str(p), artifact_path=p.name)
+            elif p.name == "report.html" and (p.parent / "plotly.min.js").exists():
+                self._log_standalone_report(p)
             elif p.exists():
                 self.client.log_artifact(self.parent_id, str(p))
         self.client.set_terminated(self.parent_id, status=status)
         self.seconds += time.perf_counter() - t0
+
+    def _log_standalone_report(self, page: Path) -> None:
+        """The report with plotly.js inlined, so it renders inside MLflow's artifact view
+        (which cannot follow the page's relative script)."""
+        text = page.read_text()
+        js = (page.parent / "plotly.min.js").read_text()
+        tag = "<script src='plotly.min.js' charset='utf-8'></script>"
+        with tempfile.TemporaryDirectory(prefix="dse-rep-") as tmp:
+            out = Path(tmp) / page.name
+            out.write_text(text.replace(tag, f"<script>{js}</script>", 1) if tag in text
+                           else text)
+            self.client.log_artifact(self.parent_id, str(out))
 
     # ------------------------------------------------------------ children
     def log_trial(self, number: int, params: dict, metrics: dict[str, float], tags: dict,
@@ -101,7 +181,7 @@ class Tracker:
         ts = int(time.time() * 1000)
         self.client.log_batch(
             rid,
-            metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
+            metrics=[Metric(metric_name(k), float(v), ts, 0) for k, v in metrics.items()],
             params=[Param(k, _param(v)) for k, v in params.items()],
             tags=[RunTag(k, _param(v)) for k, v in tags.items()])
         if files:
@@ -114,6 +194,8 @@ class Tracker:
                         path.write_text(json.dumps(obj, indent=2))
                     else:
                         path.write_text(str(obj))
+                if "requests.csv" in files:
+                    latency_histogram_png(files["requests.csv"], Path(tmp) / HISTOGRAM)
                 self.client.log_artifacts(rid, tmp)
         self.client.set_terminated(rid, status="FINISHED" if tags.get("state") != "FAIL"
                                    else "FAILED")
