@@ -70,6 +70,13 @@ def servers(space: Space, cfg: TrialConfig) -> list[Server]:
     return out
 
 
+def served_model(space: Space) -> str:
+    """The model as the space names it (sim may resolve it to a catalogue entry with a
+    longer name, e.g. an -Instruct variant; vLLM must load the one the user chose)."""
+    raw = space.raw.get("model") if isinstance(space.raw, dict) else None
+    return str(raw) if raw else space.model
+
+
 def _host(node: int) -> str:
     return f"${{NODE{node}_HOST:-localhost}}"
 
@@ -77,6 +84,9 @@ def _host(node: int) -> str:
 def serve_lines(space: Space, cfg: TrialConfig) -> list[str]:
     """The shell lines that start every server of ``cfg`` (each in the background)."""
     base = vllm_command(space, cfg.params)
+    head = f"vllm serve {shlex.quote(space.model)} "
+    if base.startswith(head):
+        base = f"vllm serve {shlex.quote(served_model(space))} " + base[len(head):]
     lines: list[str] = []
     node = None
     for i, s in enumerate(servers(space, cfg)):
@@ -142,7 +152,7 @@ def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
     in_len, in_ratio = _lengths(reqs, "input")
     out_len, out_ratio = _lengths(reqs, "output")
     notes = []
-    args = ["vllm", "bench", "serve", "--backend", "vllm", "--model", space.model,
+    args = ["vllm", "bench", "serve", "--backend", "vllm", "--model", served_model(space),
             "--base-url", base_url, "--dataset-name", "random", "--num-prompts", str(len(reqs)),
             "--random-input-len", str(in_len), "--random-output-len", str(out_len),
             "--random-range-ratio", f"{in_ratio:.3f}", "--ignore-eos"]
@@ -174,7 +184,7 @@ def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any]) ->
     """The whole ``serve.sh`` of one configuration."""
     s = cfg.summary
     srv = servers(space, cfg)
-    head = ["#!/bin/sh", f"# {space.name}: trial {cfg.number}, {space.model} on "
+    head = ["#!/bin/sh", f"# {space.name}: trial {cfg.number}, {served_model(space)} on "
             f"{cfg.devices_used} x {s['hardware']} ({s['num_nodes']} node(s), "
             f"{len(srv)} vLLM server(s)).",
             "# Simulated: " + ", ".join(f"{k} {v:.4g}" for k, v in objectives.items()) + ".",

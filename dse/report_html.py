@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dse.export import served_model
 from dse.space import KNOB_ORDER, Space
 
 #: objective / column -> (label, unit)
@@ -282,7 +283,7 @@ def _header(space: Space, df: pd.DataFrame, front: pd.DataFrame) -> list[str]:
                         if v)
         slo += f"; {a.target:.0%} of requests with {lim}"
     return [
-        f"<h1>{html.escape(space.name)}: how to serve {html.escape(space.model)}</h1>",
+        f"<h1>{html.escape(space.name)}: how to serve {html.escape(served_model(space))}</h1>",
         f"<p class='lead'><b>{len(front)} distinct configuration(s) on the Pareto front</b> "
         f"of {n_cfg} distinct configurations tried ({n_done} trials: {n_feas} meet the SLOs, "
         f"{n_rej} rejected before simulation) on {html.escape(', '.join(space.hardware))}, "
