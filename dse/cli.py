@@ -186,7 +186,7 @@ def cmd_ui(a) -> int:
         return 0
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
-           uri, "--host", a.host, "--port", str(a.port)]
+           uri, "--host", a.host, "--port", str(a.port), "--workers", "1"]
     url = runs_url(f"http://{a.host}:{a.port}", meta.get("experiment_id", "0"))
     print(f"MLflow UI for {out}: {url}  (starting; it takes ~20 s to come up; Ctrl-C stops it)",
           flush=True)
