@@ -193,7 +193,10 @@ def knob_figure(space: Space, done: pd.DataFrame):
                     marker={"color": color, "size": 6, "opacity": 0.7},
                     hovertext=[f"trial {int(t)}" for t in part["trial"]], hoverinfo="text+y"),
                     row=r, col=c)
-            fig.update_xaxes(type="category", row=r, col=c)
+            order = [str(v) for v in sorted(done[knob].dropna().unique(),
+                                            key=lambda v: (isinstance(v, str), v))]
+            fig.update_xaxes(type="category", categoryorder="array", categoryarray=order,
+                             row=r, col=c)
             if yr:
                 fig.update_yaxes(range=yr, row=r, col=c)
         fig.update_yaxes(title_text=label(name), row=r, col=1)
