@@ -126,6 +126,14 @@ def latency_histogram_png(requests, path: Path) -> bool:
     path.write_bytes(png)
     return True
 
+def default_tracking_uri(out_dir: Path) -> str:
+    return f"sqlite:///{out_dir.resolve() / 'mlflow.db'}"
+
+
+def _param(v: Any) -> str:
+    s = json.dumps(v) if isinstance(v, (dict, list, tuple)) else str(v)
+    return s[:MAX_PARAM_LEN]
+
 
 class Tracker:
     def __init__(self, uri: str, out_dir: Path, experiment: str) -> None:
