@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dse.canonical import canonical_params
 from dse.export import served_model
 from dse.space import KNOB_ORDER, Space
 
@@ -216,7 +217,13 @@ def _table(space: Space, front: pd.DataFrame, exported: dict) -> str:
     point = front[names].round(9).astype(str).agg("|".join, axis=1)
     rows = []
     for i, r in front.iterrows():
-        cells = "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols)
+        shown = {c: _fmt(r[c]) if pd.notna(r[c]) else "-" for c in cols}
+        if "pd_ratio" in shown and pd.notna(r.get("pd")) and bool(r.get("pd")):
+            knobs = {k: r[k] for k in KNOB_ORDER if k in r.index and pd.notna(r[k])}
+            split = canonical_params(space, knobs).get("pd_ratio")
+            if split and split != shown.get("pd_ratio"):
+                shown["pd_ratio"] = f"{shown.get('pd_ratio')} (runs as {split})"
+        cells = "".join(f"<td>{html.escape(shown[c])}</td>" for c in cols)
         twins = [str(int(t)) for t in front.loc[(point == point[i]) & (front.index != i),
                                                 "trial"]]
         cells += f"<td>{', '.join(twins) or '-'}</td>"
