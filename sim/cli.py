@@ -160,7 +160,7 @@ def _profiles(args) -> int:
 def _add_astra_config(sub) -> None:
     p = sub.add_parser("astra-config",
                        help="write ASTRA-Sim input files (network.yml, system.json, memory.json) "
-                            "for a cluster")
+                            "and npus.json (each instance's NPU ids) for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
     from sim.topology import ALGORITHMS
@@ -178,11 +178,13 @@ def _astra_config(args) -> int:
 
     cluster = sim.load_cluster(args.cluster)
     layout = build_layout(cluster, collective_impl=args.collective)
-    paths = write_layout(layout, args.out)
-    (Path(args.out) / "npus.json").write_text(json.dumps(
+    paths = dict(write_layout(layout, args.out))
+    paths["npus"] = Path(args.out) / "npus.json"
+    paths["npus"].write_text(json.dumps(
         {str(k): list(v) for k, v in layout.npus.items()}, indent=2) + "\n")
     print(f"{layout.num_npus} NPUs, topology {layout.network['topology']} "
-          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values()))
+          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values())
+          + " (npus.json: the NPU ids of each instance)")
     return 0
 
 
