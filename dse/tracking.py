@@ -38,6 +38,7 @@ def metric_name(key: str) -> str:
     ``gen_tps`` -> ``throughput/gen_tps``; study totals (``trials_complete``) -> ``study/..``."""
     if "." in key:
         head, rest = key.split(".", 1)
+        rest = rest.replace(".", "_")  # nested summaries (kv_cache.0.blocks): one group level
         if head.endswith("_ms"):
             return f"{head[:-3]}/{rest}_ms"
         return f"{head}/{rest}"
