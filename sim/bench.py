@@ -132,29 +132,34 @@ def _request_rate(raw: str) -> float:
     return rate
 
 
-def _lengths(args, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, list | None]:
-    """(input lengths, output lengths, trace arrivals or None) for the dataset flags."""
-    if args.dataset_name == "random":
-        r = args.random_range_ratio
-        if not 0 <= r < 1:
-            raise InputError(f"--random-range-ratio must be in [0, 1), got {r}")
-        out = []
-        for flag, length in (("--random-input-len", args.random_input_len),
-                             ("--random-output-len", args.random_output_len)):
-            if length < 1:
-                raise InputError(f"{flag} must be >= 1, got {length}")
-            lo, hi = max(1, math.floor(length * (1 - r))), math.ceil(length * (1 + r))
-            out.append(rng.integers(lo, hi + 1, size=n))
-        return out[0], out[1], None
+def _file_requests(args, n: int) -> list[Request]:
+    """The first ``n`` requests of the dataset file, token ids kept (prefix caching sees
+    the same prompts the real benchmark sends)."""
     if not args.dataset_path:
         raise InputError(f"--dataset-name {args.dataset_name} needs --dataset-path (a JSONL of "
                          "input_toks/output_toks)")
-    pool = load_jsonl(args.dataset_path, limit=n).all_requests()
-    if len(pool) < n:
-        raise InputError(f"--num-prompts {n} but {args.dataset_path} has {len(pool)} requests")
-    ins = np.array([q.input_len for q in pool[:n]])
-    outs = np.array([q.output_len for q in pool[:n]])
-    return ins, outs, [q.arrival_ns for q in pool[:n]]
+    heads = load_jsonl(args.dataset_path, limit=n).requests
+    if any(r.next_sub is not None for r in heads):
+        raise InputError("multi-turn sessions are not a vllm bench serve dataset; give flat "
+                         "requests", source=args.dataset_path)
+    if len(heads) < n:
+        raise InputError(f"--num-prompts {n} but the file has {len(heads)} requests",
+                         source=args.dataset_path)
+    return heads
+
+
+def _random_requests(args, rng: np.random.Generator, n: int) -> list[Request]:
+    r = args.random_range_ratio
+    if not 0 <= r < 1:
+        raise InputError(f"--random-range-ratio must be in [0, 1), got {r}")
+    lens = []
+    for flag, length in (("--random-input-len", args.random_input_len),
+                         ("--random-output-len", args.random_output_len)):
+        if length < 1:
+            raise InputError(f"{flag} must be >= 1, got {length}")
+        lo, hi = max(1, math.floor(length * (1 - r))), math.ceil(length * (1 + r))
+        lens.append(rng.integers(lo, hi + 1, size=n))
+    return [Request(i, 0, int(lens[0][i]), int(lens[1][i])) for i in range(n)]
 
 
 def bench_workload(args) -> Workload:
@@ -167,13 +172,14 @@ def bench_workload(args) -> Workload:
     if conc is not None and conc < 1:
         raise InputError(f"--max-concurrency must be >= 1, got {conc}")
     rng = np.random.default_rng(args.seed)
-    ins, outs, trace = _lengths(args, rng, n)
+    from_file = args.dataset_name != "random"
+    reqs = _file_requests(args, n) if from_file else _random_requests(args, rng, n)
     if args.use_trace_timestamps:
-        if trace is None:
+        if not from_file:
             raise InputError("--use-trace-timestamps needs --dataset-name custom or sharegpt")
-        arrivals = list(trace)
     elif math.isinf(rate):
-        arrivals = [0] * n
+        for q in reqs:
+            q.arrival_ns = 0
     else:
         if conc is not None:
             raise InputError("--max-concurrency with a finite --request-rate is not modelled "
@@ -182,8 +188,8 @@ def bench_workload(args) -> Workload:
         if args.burstiness <= 0:
             raise InputError(f"--burstiness must be > 0, got {args.burstiness}")
         gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
-        arrivals = [int(t * 1e9) for t in np.cumsum(gaps) - gaps[0]]
-    reqs = [Request(i, int(arrivals[i]), int(ins[i]), int(outs[i])) for i in range(n)]
+        for q, t in zip(reqs, np.cumsum(gaps) - gaps[0]):
+            q.arrival_ns = int(t * 1e9)
     closed = conc if (conc is not None and math.isinf(rate) and not args.use_trace_timestamps) \
         else 0
     return Workload(reqs, source=f"bench({args.dataset_name}, seed={args.seed})",
