@@ -38,6 +38,7 @@ import json
 import logging
 import tempfile
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -109,10 +110,16 @@ def _quiet():
 
 
 def available_databases() -> dict[str, dict[str, list[str]]]:
-    """system -> backend -> queryable versions, from the installed package."""
+    """system -> backend -> queryable versions, from the installed package (read once per
+    process: the package parses hundreds of YAML files to answer)."""
+    return {s: {b: list(v) for b, v in bs.items()} for s, bs in _databases().items()}
+
+
+@cache
+def _databases() -> dict[str, dict[str, tuple[str, ...]]]:
     perf_database, _ = _import_aic()
     with _quiet():
-        return {s: {b: list(v) for b, v in bs.items() if v}
+        return {s: {b: tuple(v) for b, v in bs.items() if v}
                 for s, bs in perf_database.get_supported_databases().items()}
 
 
