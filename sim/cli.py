@@ -112,6 +112,9 @@ def _run(args) -> int:
           f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
           f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    notes = sorted(set((s.get("latency_note") or {}).values()))
+    if notes:
+        print("latency: " + " | ".join(notes))
     print(f"wrote {out}, {summary}, {series}")
     if s.get("latency_extrapolations"):
         print(f"note: lookups outside the measured grid (extrapolated): "
