@@ -98,7 +98,7 @@ def test_aic_selects_fp8_gemm_and_kv_modes():
     bf = load_model("meta-llama/Llama-3.1-8B")
     assert quant_modes(bf) == {}
     assert quant_modes(bf.with_precision("fp8", "fp8")) == {
-        "gemm_quant_mode": "fp8", "kvcache_quant_mode": "fp8", "fmha_quant_mode": "fp8"}
+        "gemm_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
     assert quant_modes(load_model("Qwen3-235B-A22B-FP8"))["moe_quant_mode"] == "fp8"
     reg = load_providers()
     p16 = reg.create("aic", bf, "H100-SXM", 1)
@@ -106,6 +106,10 @@ def test_aic_selects_fp8_gemm_and_kv_modes():
     shape = BatchShape(4096, 1, prefill_tokens=4096)
     g16, g8 = (dict(p.layer_times(shape).block)["gate_up_proj"] for p in (p16, p8))
     assert g8 < 0.8 * g16 and "fp8" in p8.source
+    pkv = reg.create("aic", bf.with_precision("fp8", "fp8"), "H100-SXM", 1)
+    dec = BatchShape(32, 32, num_decode=32, decode_kv_sum=32 * 4096, decode_kv_max=4096)
+    a8, akv = (dict(p.layer_times(dec).block)["attention"] for p in (p8, pkv))
+    assert akv < 0.85 * a8    # FP8 KV: aiconfigurator's measured FP8-cache decode attention
 
 
 def test_measured_never_uses_another_precision(bundle_root):

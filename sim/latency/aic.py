@@ -196,9 +196,10 @@ def quant_modes(model: ModelSpec) -> dict[str, str]:
     """aiconfigurator's quant-mode arguments for the served precision.
 
     W8A8 FP8 (``quantization: fp8``) selects its ``fp8`` GEMM and MoE modes (FP8 tensor-core
-    GEMMs, 1-byte weights); an FP8 KV cache selects the ``fp8`` KV-cache mode and the
-    ``fp8`` FMHA mode (vLLM's FlashAttention-3 runs FP8 attention on an FP8 cache). Empty
-    for bf16: aiconfigurator then uses its defaults (bf16 everything)."""
+    GEMMs, 1-byte weights); an FP8 KV cache selects its ``fp8`` KV-cache mode. The FMHA
+    mode stays at its default (bf16 compute): the vLLM databases hold FP8-KV attention
+    measured that way and no context attention for an FP8 FMHA. Empty for bf16.
+    """
     modes: dict[str, str] = {}
     if model.is_fp8:
         modes["gemm_quant_mode"] = "fp8"
@@ -206,7 +207,6 @@ def quant_modes(model: ModelSpec) -> dict[str, str]:
             modes["moe_quant_mode"] = "fp8"
     if model.kv_is_fp8:
         modes["kvcache_quant_mode"] = "fp8"
-        modes["fmha_quant_mode"] = "fp8"
     return modes
 
 
@@ -261,12 +261,16 @@ class AicProvider(LatencyProvider):
                                                    backend_version=self.backend_version,
                                                    tp_size=tp, **moe_kw, **self._modes)
                 self._ctx_ops, self._gen_ops = self._op_lists(str(path), moe_kw)
+                self._build_tables(max_tokens, max_seqs)
+                # attention is evaluated lazily: fail here, not mid-run, if data is missing
+                self.engine.evaluate_context_ops([self._ctx_attn], batch_size=1, s=16, prefix=16)
+                self.engine.evaluate_generation_ops([self._gen_attn], batch_size=1, s=16)
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - aiconfigurator raises many types
                 raise InputError(f"aiconfigurator cannot model {model.name} on {self.system} "
-                                 f"({backend} {self.backend_version}, tp={tp}): {exc}") from None
-            self._build_tables(max_tokens, max_seqs)
+                                 f"({backend} {self.backend_version}, tp={tp}, "
+                                 f"{model.precision}): {exc}") from None
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._dense_memo: dict[int, tuple] = {}

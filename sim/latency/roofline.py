@@ -230,9 +230,10 @@ class RooflineProvider(LatencyProvider):
     """Calibrated soft roofline on the hardware catalogue's datasheet numbers.
 
     Precision: FP8 weights (``quantization: fp8``) run the GEMM and MoE classes at the
-    hardware's fp8 peak and move 1-byte weights; an FP8 KV cache halves the KV bytes and
-    runs attention at the fp8 peak (FlashAttention-3 quantizes q to FP8 with an FP8 KV
-    cache); lm_head, norms and activations stay in the model dtype. The per-class
+    hardware's fp8 peak and move 1-byte weights; an FP8 KV cache halves the KV bytes that
+    attention moves, its compute stays at the model dtype's peak (the cache is dequantized
+    in the kernel, as aiconfigurator's vLLM FP8-KV data shows); lm_head, norms and
+    activations stay in the model dtype. The per-class
     efficiencies are the bf16 fit, applied unchanged to FP8 (no FP8 bundle to fit yet).
     """
 
@@ -251,8 +252,7 @@ class RooflineProvider(LatencyProvider):
         self.calibration = cal
         peak = self.hw.peak_flops(model.dtype)
         peak_w = self.hw.peak_flops("fp8") if model.is_fp8 else peak
-        peak_kv = self.hw.peak_flops("fp8") if model.kv_is_fp8 else peak
-        peaks = {"gemm": peak_w, "moe": peak_w, "attn_prefill": peak_kv, "attn_decode": peak_kv}
+        peaks = {"gemm": peak_w, "moe": peak_w}
         bw = self.hw.mem_bw_Bps
         self._cls = {c: _Class(cal[c], peaks.get(c, peak), bw) for c in CLASSES
                      if c != "attn_mixed"}
