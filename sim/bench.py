@@ -97,6 +97,13 @@ def bench_cluster(args) -> dict:
                     ("--data-parallel-size", dp)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
+    from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
+    if args.quantization not in (None, *QUANTIZATIONS):
+        raise InputError(f"--quantization {args.quantization!r} is not modelled; allowed: "
+                         f"{', '.join(QUANTIZATIONS)} (default: the checkpoint's)")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not modelled; allowed: "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
     util = args.gpu_memory_utilization
     if not 0 < util <= 1:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
@@ -112,7 +119,9 @@ def bench_cluster(args) -> dict:
     }
     if args.quantization is not None:
         inst["quantization"] = args.quantization
-    if args.enable_expert_parallel:
+    from sim.model import load_model
+    if args.enable_expert_parallel and load_model(args.model, source="--model").is_moe:
+        # vLLM ignores the flag for a dense model
         inst["ep_size"] = tp * dp
         if dp > 1:
             inst["dp_group"] = "dp"

@@ -127,3 +127,13 @@ def test_auto_order_measured_then_aic_then_roofline(bundle_root):
     name, why = auto_choice(fp8, "H100-SXM", 1, (str(bundle_root),))
     assert name == ("aic" if HAS_AIC else "roofline") and "no fp8 bundle" in why
     assert auto_choice(llama, "RTX4090", 2, ())[0] == "roofline"  # no aic database for it
+
+
+def test_catalogue_lists_providers_in_auto_order():
+    from sim.latency.base import auto_choice
+    from sim.latency.catalogue import available_providers
+
+    llama = load_model(DENSE)
+    listed = [e["provider"] for e in available_providers("H100-SXM", DENSE, 1)]
+    assert listed[0] == auto_choice(llama, "H100-SXM", 1)[0] and "roofline" in listed
+    assert "measured" not in listed   # no H100 bundle ships
