@@ -19,7 +19,7 @@ from dse.space import Space, pd_split
 #: knobs that become SimOptions fields (the rest shape the cluster)
 OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                 "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                "routing_policy")
+                "routing_policy", "all2all_backend")
 
 
 def devices_per_instance(params: dict) -> int:
@@ -88,6 +88,8 @@ def build_cluster(space: Space, params: dict) -> dict:
         else (info.link_latency_ns or 0),
         "nodes": nodes,
     }
+    if params.get("collective_algorithm", "ring") != "ring":
+        out["collective_algorithm"] = params["collective_algorithm"]
     if params.get("prefix_tier", "npu") == "cxl":
         # A CXL memory expander for the lower prefix tier (space cluster defaults may override).
         out["cxl_mem"] = cd.get("cxl_mem") or {"mem_size": 512, "mem_bw": 64, "mem_latency": 250,
@@ -207,6 +209,8 @@ def vllm_command(space: Space, params: dict) -> str:
         args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
     if space.is_moe and int(p.get("ep", 1)) > 1:
         args += ["--enable-expert-parallel"]
+    if space.is_moe and int(p.get("dp", 1)) > 1:
+        args += ["--data-parallel-size", str(p["dp"]), "--all2all-backend", p["all2all_backend"]]
     mem_util = space.cluster_defaults.get("mem_util")
     if mem_util:
         args += ["--gpu-memory-utilization", f"{mem_util:g}"]

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
+from sim.options import ALL2ALL_BACKENDS
 
 
 def _provider_choices() -> list[str]:
@@ -56,6 +57,9 @@ def _add_run(sub) -> None:
                    help="NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
     p.add_argument("--expert-routing-policy", default="RAND",
                    help="MoE gate policy: BALANCED, RR, RAND or a registered one")
+    p.add_argument("--all2all-backend", default=ALL2ALL_BACKENDS[0], choices=ALL2ALL_BACKENDS,
+                   help="how MoE layers exchange tokens across a DP group (vLLM's "
+                        "all2all_backend; default: vLLM 0.19's allgather_reducescatter)")
     p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
     p.add_argument("--request-routing-policy", default="LOAD")
     p.add_argument("--latency-provider", default="auto", choices=_provider_choices(),
@@ -94,6 +98,7 @@ def _run(args) -> int:
         enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
         enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,
         expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
+        all2all_backend=args.all2all_backend,
         routing_policy=args.request_routing_policy, seed=args.seed,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
@@ -112,6 +117,12 @@ def _run(args) -> int:
           f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
           f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    for iid, kv in (s.get("kv_cache") or {}).items():
+        line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"
+        if kv.get("max_model_len"):
+            line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
+                     f"{kv['max_concurrency']:.2f}x")
+        print(line)
     notes = sorted(set((s.get("latency_note") or {}).values()))
     if notes:
         print("latency: " + " | ".join(notes))
@@ -214,8 +225,11 @@ def _add_astra_config(sub) -> None:
                             "for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
-    p.add_argument("--collective", default="ring",
-                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+    from sim.topology import ALGORITHMS
+
+    p.add_argument("--collective", default=None, choices=ALGORITHMS,
+                   help="collective algorithm on every dimension (default: the cluster's "
+                        "collective_algorithm, else ring)")
 
 
 def _astra_config(args) -> int:

@@ -10,25 +10,33 @@ clock jumps to the next arrival. No I/O, logging or pandas inside the loop.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass
 
 from astrasim import GraphBuilder
 
-from sim.backend import SystemBackend, instance_network, make_backend
+from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
+from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model, served_model
+from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
+from sim.topology import (Topology, check_links, instance_topology, link_between,
+                          transfer_topology)
 from sim.workload import Workload
+
+
+_log = logging.getLogger("sim.memory")
 
 
 @dataclass
@@ -45,7 +53,9 @@ class InstanceRuntime:
     lower_tier: PrefixTier | None = None
     pim: object | None = None
     #: the instance's own ASTRA-Sim network (TP group x pipeline stages)
-    network: dict | None = None
+    network: Topology | None = None
+    #: vLLM's memory accounting behind num_kv_blocks (None when the KV cache lives in PIM)
+    memory: MemoryBudget | None = None
 
 
 def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = None) -> ModelSpec:
@@ -54,22 +64,15 @@ def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = N
                         source=where)
 
 
-def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int) -> int:
-    """KV blocks per instance: (mem_size * mem_util - weights) / block bytes, per NPU."""
-    usable = inst.npu_mem.mem_size_gib * GiB * inst.npu_mem.mem_util
-    weights = model.weight_bytes(inst.tp_size, inst.pp_size, inst.ep_size)
-    free = usable - weights
-    where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
-    if free <= 0:
-        raise InputError(
-            f"{where}: {model.precision} weights need {weights / GiB:.2f} GiB per NPU but only "
-            f"{usable / GiB:.2f} GiB is usable (npu_mem.mem_size={inst.npu_mem.mem_size_gib} GiB x "
-            f"mem_util={inst.npu_mem.mem_util}); raise tp_size/pp_size or use a larger device")
-    blocks = int(free // (model.kv_bytes_per_token(inst.tp_size, inst.pp_size) * block_size))
-    if blocks < 2:
-        raise InputError(f"{where}: no room for KV cache after the weights "
-                         f"({free / GiB:.3f} GiB left)")
-    return blocks
+def _max_model_len(inst: InstanceRuntime) -> int:
+    """vLLM's max_model_len: the option where given, else the model's position limit."""
+    return int(getattr(inst.opts, "max_model_len", 0) or inst.model.max_position_embeddings)
+
+
+def _log_memory(inst: InstanceRuntime) -> None:
+    if inst.memory is not None and _log.isEnabledFor(logging.INFO):
+        for line in inst.memory.log_lines(_max_model_len(inst)):
+            _log.info("instance %d: %s", inst.instance_id, line)
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
@@ -127,7 +130,7 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o.validate()
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
-        kv_capacity_blocks(inst, model, o.block_size)
+        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
         for node in cluster.nodes:
@@ -169,6 +172,11 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                         f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
                         f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
                         f"{getattr(first, field)!r}; members of a DP group must match")
+            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
+            if a != b:
+                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
+                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
+                                 f"has {b!r}; members of a DP group must match")
     for inst in cluster.instances:
         if inst.ep_size > 1:
             domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
@@ -207,11 +215,13 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
+    check_links(cluster)
     out = []
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
         model = instance_model(inst, o)
-        blocks = kv_capacity_blocks(inst, model, o.block_size)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
             pim = _build_pim(cluster, inst, model, o)
@@ -219,10 +229,11 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
-        bw, lat = _link(cluster, inst, inst)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
-                                   network=instance_network(inst.tp_size, inst.pp_size, bw, lat)))
+                                   network=instance_topology(cluster, inst),
+                                   memory=None if pim is not None else budget))
+        _log_memory(out[-1])
     return out
 
 
@@ -313,14 +324,9 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
 
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
-    link_bw/link_latency, inter-node the last dimension."""
-    dim = 0 if a.node_id == b.node_id else -1
-
-    def pick(v):
-        return float(v[dim] if isinstance(v, list) else v)
-
-    return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
+    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
+    link = link_between(cluster, a, b)
+    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -332,9 +338,7 @@ def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
     link between the two instances.
     """
     shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
-    bw, lat = _link(cluster, src.config, dst.config)
-    network = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [bw],
-               "latency": [lat]}
+    network = transfer_topology(link_between(cluster, src.config, dst.config))
     send, recv = GraphBuilder(0), GraphBuilder(1)
     send.send(1, shard, tag=1, name="kv_send")
     recv.recv(0, shard, tag=1, name="kv_recv")
@@ -424,9 +428,9 @@ class Simulator:
         self.cluster = cluster
         self.opts = opts
         self.instances = build_instances(cluster, opts)
-        self._a2a_cache: dict[tuple, int] = {}
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
+        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
@@ -593,9 +597,9 @@ class Simulator:
                 if not payload:
                     continue
                 lead = self.instances[members[0]]
-                if lead.model.is_moe and lead.config.ep_size > 1:
+                if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
                     by_idx = dict(payload)
-                    shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
+                    shapes = [by_idx[i].shape if i in by_idx else None for i in members]
                     dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
                     dur += _tier_loads_ns(self.instances, payload)
                 elif lead.pim is not None:
@@ -653,58 +657,16 @@ class Simulator:
             for k, v in inst.provider.extrapolations().items():
                 extrap[k] = extrap.get(k, 0) + v
         summary["latency_extrapolations"] = extrap
+        # one number a search can constrain on: lookups the latency data did not cover
+        summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(all_reqs, summary, series)
 
-    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
+    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape | None],
                      gate) -> int:
-        """One lockstep step of an expert-parallel domain (a DP group, or one instance with
-        ep > 1): every member computes its own non-MoE layers; at each MoE layer the group's
-        tokens are dispatched to the EP ranks owning their experts (all-to-all), each rank
-        runs its experts (moe.csv at its token count and activated experts), and results
-        are combined (all-to-all). The step takes the slowest member's non-MoE time plus,
-        per layer, the slowest rank's MoE time and two all-to-alls."""
-        model = members[0].model
-        ep = members[0].config.ep_size
-        k = model.num_experts_per_tok
-        layers = model.num_hidden_layers
-        non_moe = 0
-        total_tokens = 0
-        max_tokens = 0
-        for inst, shape in zip(members, shapes):
-            prov = inst.provider
-            full = self.backend.iteration_ns(inst, shape)
-            local_moe = prov.moe_ns(shape.num_tokens,
-                                    prov.expected_active_experts(shape.num_tokens))
-            non_moe = max(non_moe, full - layers * local_moe)
-            total_tokens += shape.num_tokens
-            max_tokens = max(max_tokens, shape.num_tokens)
-        prov = members[0].provider
-        moe = 0
-        for assignments, active in gate.assign(total_tokens, model.num_experts, k, ep):
-            if assignments:
-                moe = max(moe, prov.moe_ns(-(-assignments // k), active))
-        # All-to-all: each member sends the (ep-1)/ep of its tokens' top-k activations that
-        # live on other ranks, in parallel over its own link.
-        bw, lat = _link(self.cluster, members[0].config, members[-1].config)
-        a2a = self._all_to_all_ns(ep, max_tokens * k * model.hidden_size * model.dtype_bytes,
-                                  bw, lat) if ep > 1 else 0
-        return int(non_moe + layers * (moe + 2 * a2a))
-
-    def _all_to_all_ns(self, ep: int, size: int, bw: float, lat: float) -> int:
-        """One expert-parallel all-to-all of ``size`` bytes per rank, simulated by the
-        backend on the EP ranks' network (memoised by size: decode steps repeat it)."""
-        key = (ep, size, bw, lat)
-        t = self._a2a_cache.get(key)
-        if t is None:
-            network = {"topology": ["FullyConnected"], "npus_count": [ep], "bandwidth": [bw],
-                       "latency": [lat]}
-            graphs = {}
-            for r in range(ep):
-                b = GraphBuilder(r)
-                b.all_to_all(size, involved_dim=[True], name="ep_all_to_all")
-                graphs[r] = b.build()
-            t = self._a2a_cache[key] = self.backend.run_graphs(network, graphs, name="a2a")
-        return t
+        """One lockstep step of an expert-parallel domain (a DP group serving an MoE model,
+        or one instance with ep > 1); ``shapes[i]`` is None for an idle member, which runs
+        a dummy batch. See ``sim.moe_wave``."""
+        return self.moe_wave.step_ns(members, shapes, gate)
 
     def describe(self) -> dict:
         kinds = sorted({i.provider.kind for i in self.instances})
@@ -718,6 +680,8 @@ class Simulator:
             "num_instances": len(self.instances),
             "num_npus": sum(i.config.num_npus for i in self.instances),
             "kv_blocks": {str(i.instance_id): i.num_kv_blocks for i in self.instances},
+            "kv_cache": {str(i.instance_id): i.memory.as_dict(_max_model_len(i))
+                         for i in self.instances if i.memory is not None},
             "energy_j": None,
             "power_modelled": bool(self.cluster.nodes and all(n.power for n in self.cluster.nodes)),
         }

@@ -174,7 +174,7 @@ class Scheduler:
             return None
         for req in reqs:
             req.in_flight = True
-        prefill_tokens = prefill_kv = n_dec = kv_sum = 0
+        prefill_tokens = prefill_kv = n_dec = kv_sum = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
@@ -189,9 +189,10 @@ class Scheduler:
             else:
                 prefill_tokens += n
                 prefill_kv += req.num_computed
+                pwork += n * (2 * req.num_computed + n)  # varlen attention: per request
         total = prefill_tokens + n_dec
         shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
-                           kv_min if n_dec else 0)
+                           kv_min if n_dec else 0, pwork)
         return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes)
 
     def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:

@@ -11,7 +11,8 @@ import sim
 from sim.backend import _act_bytes
 from sim.cli import main
 from sim.cluster import GiB
-from sim.engine import build_instances, kv_capacity_blocks
+from sim.engine import build_instances
+from sim.memory import memory_budget
 from sim.errors import InputError
 from sim.latency.base import BatchShape, load_providers
 from sim.latency.roofline import RooflineProvider
@@ -53,7 +54,7 @@ def test_kv_capacity_grows_with_fp8():
             "tp_size": 1, "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0}}]}]})
     inst = c.instances[0]
     bf = load_model("meta-llama/Llama-3.1-8B")
-    blocks = {p: kv_capacity_blocks(inst, bf.with_precision(*p), 16)
+    blocks = {p: memory_budget(inst, bf.with_precision(*p), 16, 2048, 256).num_blocks
               for p in ((None, "auto"), ("fp8", "auto"), ("fp8", "fp8"))}
     assert blocks[("fp8", "auto")] > blocks[(None, "auto")]
     assert blocks[("fp8", "fp8")] == pytest.approx(2 * blocks[("fp8", "auto")], abs=1)
@@ -169,4 +170,4 @@ def test_bad_fp8_input_exits_2(tmp_path, capsys):
     line = run(_cluster_dict("fp8", hw="A100-80G-SXM"))
     assert "A100-80G-SXM" in line and "fp8" in line
     line = run(_cluster_dict(model="Qwen3-235B-A22B-FP8", tp=2, mem=80))
-    assert "fp8 weights need" in line
+    assert "weights need" in line and "Qwen3-235B-A22B-FP8" in line

@@ -44,6 +44,10 @@ def available_providers(hardware: str, model_name: str, tp: int,
     out = []
     for name in names:
         if reg.get(name).covers(model, hardware, tp, dirs) is None:
-            out.append({"provider": name, "source": name,
+            source = name
+            if name == "measured":
+                from sim.latency.measured import find_bundle
+                source = str(find_bundle(hardware, model, dirs))
+            out.append({"provider": name, "source": source,
                         "detail": f"{model.precision}, tp{tp} on {hardware}"})
     return out
