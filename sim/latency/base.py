@@ -132,11 +132,15 @@ AUTO_ORDER = ("measured", "aic", "roofline")
 
 
 def load_providers() -> Registry[LatencyProvider]:
-    """Import the provider modules (each registers itself) and return the registry."""
+    """Import every module of this package (each provider registers itself on import) and
+    return the registry: a new provider is one new module here, nothing else."""
     import importlib
+    import pkgutil
 
-    for mod in ("sim.latency.measured", "sim.latency.roofline", "sim.latency.aic"):
-        importlib.import_module(mod)
+    import sim.latency as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{info.name}")
     return LATENCY_PROVIDERS
 
 
