@@ -99,7 +99,8 @@ def routing_policies() -> list[str] | None:
 
 
 def latency_providers() -> list[str]:
-    return ["auto", "measured", "roofline", "aic"]
+    from sim.latency.base import provider_names
+    return provider_names()
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,10 @@ def default_power_block(hw: str, info) -> dict:
 def sim_options(space: Space, params: dict) -> dict:
     """Keyword arguments for ``sim.SimOptions``."""
     opts = {k: params[k] for k in OPTION_KNOBS if k in params}
+    if params.get("quantization", "none") != "none":
+        opts["quantization"] = params["quantization"]
+    if params.get("kv_cache_dtype", "auto") != "auto":
+        opts["kv_cache_dtype"] = params["kv_cache_dtype"]
     opts["latency_provider"] = space.simulator["latency_provider"]
     opts["backend"] = space.simulator["backend"]
     opts["seed"] = space.simulator["seed"]
@@ -197,6 +201,10 @@ def vllm_command(space: Space, params: dict) -> str:
             else "--no-enable-prefix-caching",
             "--enable-chunked-prefill" if p["enable_chunked_prefill"]
             else "--no-enable-chunked-prefill"]
+    if p.get("quantization", "none") != "none":
+        args += ["--quantization", p["quantization"]]
+    if p.get("kv_cache_dtype", "auto") != "auto":
+        args += ["--kv-cache-dtype", p["kv_cache_dtype"]]
     if p.get("long_prefill_token_threshold"):
         args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
     if space.is_moe and int(p.get("ep", 1)) > 1:

@@ -50,21 +50,27 @@ BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_s
 INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
 STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
-             "collective_algorithm", "all2all_backend")
+             "collective_algorithm", "all2all_backend", "quantization", "kv_cache_dtype")
+#: vLLM's --quantization values a space may search ("none": the checkpoint's own)
+QUANTIZATIONS = ("none", "fp8")
+#: vLLM's --kv-cache-dtype values a space may search
+KV_CACHE_DTYPES = ("auto", "fp8")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
 KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "all2all_backend", "replicas", "pd", "pd_ratio",
               "pim_mode",
               "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
-              "enable_chunked_prefill", "routing_policy", "collective_algorithm")
+              "enable_chunked_prefill", "routing_policy", "collective_algorithm", "quantization",
+              "kv_cache_dtype")
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
     "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
     "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
     "sub_batch_interleaving": False,
-    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0],
+    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0], "quantization": "none",
+    "kv_cache_dtype": "auto",
 }
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -138,6 +144,11 @@ def _check_value(name: str, v: Any, where: str) -> Any:
         v = "off"  # "none" and "off" both mean no PIM offload
     if name == "pim_mode" and v not in PIM_MODES:
         raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
+    if name == "quantization" and v not in QUANTIZATIONS:
+        raise InputError(f"{where}: unknown quantization {v!r}; allowed: {_allowed(QUANTIZATIONS)}")
+    if name == "kv_cache_dtype" and v not in KV_CACHE_DTYPES:
+        raise InputError(f"{where}: unknown kv_cache_dtype {v!r}; allowed: "
+                         f"{_allowed(KV_CACHE_DTYPES)}")
     if name == "pd_ratio":
         m = _PD_RATIO.match(v)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:

@@ -192,8 +192,7 @@ class _GraphBackend(ABC):
             # One NPU, no communication, no memory traffic: the graph is a single chain of
             # compute, whose time is its sum (providers can give it from pre-summed
             # tables). There is nothing for a system simulation to add, in either client.
-            fast = getattr(inst.provider, "iteration_ns", None)
-            return fast(shape) if fast else inst.provider.layer_times(shape).total_ns()
+            return inst.provider.iteration_ns(shape)
         return self._decomposed(inst, shape, load_bytes)
 
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:

@@ -1,6 +1,8 @@
 """``llmsim``: run one simulation (the equivalent of LLMServingSim's ``python -m serving``).
 
     llmsim run --cluster cluster.json --dataset workload.jsonl --output out.csv [--summary s.json]
+    llmsim bench --model M --hardware HW [vllm bench serve / vllm serve flags]
+    llmsim compare SIM.json REAL.json   (error table; REAL may be a per-request JSONL)
     llmsim profiles list [--hardware HW] [--model M] [--tp N]
     llmsim profile --model M --hardware HW --out DIR [--tp 1 2] [--device cuda|cpu]
     llmsim astra-config --cluster cluster.json --out DIR   (ASTRA-Sim input files)
@@ -18,6 +20,11 @@ from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
 from sim.options import ALL2ALL_BACKENDS
+
+
+def _provider_choices() -> list[str]:
+    from sim.latency.base import provider_names
+    return provider_names()
 
 
 def _add_run(sub) -> None:
@@ -55,9 +62,14 @@ def _add_run(sub) -> None:
                         "all2all_backend; default: vLLM 0.19's allgather_reducescatter)")
     p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
     p.add_argument("--request-routing-policy", default="LOAD")
-    p.add_argument("--latency-provider", default="auto",
-                   help="auto (measured where a bundle exists, else roofline), measured, "
-                        "roofline, aic")
+    p.add_argument("--latency-provider", default="auto", choices=_provider_choices(),
+                   help="auto (measured bundle, then aiconfigurator's database, then roofline) "
+                        "or a registered provider")
+    p.add_argument("--quantization", default=None,
+                   help="weight quantization as vllm serve: fp8 (W8A8); default: the "
+                        "checkpoint's")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV-cache dtype as vllm serve: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16")
     p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
     p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
     p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
@@ -88,6 +100,7 @@ def _run(args) -> int:
         expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
         all2all_backend=args.all2all_backend,
         routing_policy=args.request_routing_policy, seed=args.seed,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,
         computation_reuse=args.computation_reuse,
@@ -110,6 +123,9 @@ def _run(args) -> int:
             line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
                      f"{kv['max_concurrency']:.2f}x")
         print(line)
+    notes = sorted(set((s.get("latency_note") or {}).values()))
+    if notes:
+        print("latency: " + " | ".join(notes))
     print(f"wrote {out}, {summary}, {series}")
     if s.get("latency_extrapolations"):
         print(f"note: lookups outside the measured grid (extrapolated): "
@@ -123,7 +139,7 @@ def _add_profiles(sub) -> None:
     lp = psub.add_parser("list", help="list bundles and which provider answers a (hw, model, tp)")
     lp.add_argument("--hardware", default=None)
     lp.add_argument("--model", default=None)
-    lp.add_argument("--tp", type=int, default=1)
+    lp.add_argument("--tp", type=int, default=None, help="one tp (default: 1, 2, 4, 8)")
     lp.add_argument("--profiles", action="append", default=[])
 
 
@@ -143,18 +159,64 @@ def _profiles(args) -> int:
             tps = sorted(p.name for p in variant.glob("tp*"))
             print(f"measured  {hw:12s} {model:45s} {variant.name:6s} {','.join(tps):10s} {variant}")
             found = True
-    if args.hardware and args.model:
-        try:
-            from sim.latency.catalogue import available_providers
-        except ImportError:
-            available_providers = None
-        if available_providers is not None:
-            for entry in available_providers(args.hardware, args.model, args.tp, args.profiles):
-                print(f"provider  {entry}")
-                found = True
+    found = _coverage_matrix(args) or found
     if not found:
         print("no bundles found", file=sys.stderr)
     return 0
+
+
+def _coverage_matrix(args) -> bool:
+    """Which provider ``auto`` picks per hardware x model x tp x precision (a table)."""
+    from sim.hardware import known_hardware, load_hardware
+    from sim.latency.base import auto_choice
+    from sim.model import known_models, load_model
+
+    hws = [args.hardware] if args.hardware else known_hardware()
+    models = [args.model] if args.model else known_models()
+    tps = [args.tp] if args.tp else [1, 2, 4, 8]
+    rows = []
+    for m in models:
+        spec = load_model(m, source="--model")
+        precisions = [("bf16", spec.with_precision(kv_cache_dtype="auto"))] if not spec.is_fp8 \
+            else []
+        precisions += [("fp8", spec.with_precision("fp8")),
+                       ("fp8+kv-fp8", spec.with_precision("fp8", "fp8"))]
+        for h in hws:
+            hw = load_hardware(h, source="--hardware")
+            if hw.kind != "gpu" and not args.hardware:
+                continue
+            for tp in tps:
+                if spec.num_attention_heads % tp:
+                    continue
+                cells = []
+                for _, variant in precisions:
+                    try:
+                        cells.append(auto_choice(variant, hw.name, tp, args.profiles)[0])
+                    except InputError:
+                        cells.append("-")
+                rows.append((spec.name, hw.name, tp, cells, [p for p, _ in precisions]))
+    if not rows:
+        return False
+    print(f"\n{'model':44s} {'hardware':13s} {'tp':>3s}  auto picks per precision")
+    for name, hw, tp, cells, precs in rows:
+        picks = "  ".join(f"{p}:{c:9s}" for p, c in zip(precs, cells))
+        print(f"{name:44s} {hw:13s} {tp:>3d}  {picks}")
+    return True
+
+
+def _add_bench(sub) -> None:
+    from sim.bench import add_bench_args
+
+    p = sub.add_parser("bench", help="vllm bench serve's interface, answered by the simulator")
+    add_bench_args(p)
+    p.add_argument("--log-level", default="WARNING",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="error table of a simulated vs a real benchmark result")
+    p.add_argument("sim", help="llmsim bench / vllm bench serve result JSON")
+    p.add_argument("real", help="result JSON, or a real run's per-request JSONL")
 
 
 def _add_astra_config(sub) -> None:
@@ -219,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_profiles(sub)
     _add_profile(sub)
     _add_astra_config(sub)
+    _add_bench(sub)
+    _add_compare(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"))
     try:
@@ -228,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             return _profiles(args)
         if args.cmd == "astra-config":
             return _astra_config(args)
+        if args.cmd == "bench":
+            from sim.bench import bench_main
+            return bench_main(args)
+        if args.cmd == "compare":
+            from sim.compare import compare_main
+            return compare_main(args)
         return _profile(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)

@@ -24,7 +24,7 @@ DEFAULT_MEM_UTIL = 0.9  # vLLM's default gpu_memory_utilization
 # Scheduler knobs an instance may override (LLMServingSim's per-instance fields).
 INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                            "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                           "all2all_backend")
+                           "all2all_backend", "quantization", "kv_cache_dtype")
 _INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
                   "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
                   "num_gpu_blocks_override", *INSTANCE_SCHEDULER_KEYS}
@@ -236,6 +236,4 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
         if inst.placement:
             problems.append(f"{where}: placement (weight/KV placement across memories) is not "
                             "modelled yet")
-        if inst.kv_cache_dtype not in (None, "auto"):
-            problems.append(f"{where}: kv_cache_dtype={inst.kv_cache_dtype!r} is not modelled yet")
     return problems

@@ -21,10 +21,10 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape
+from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
-from sim.model import ModelSpec, load_model
+from sim.model import ModelSpec, load_model, served_model
 from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
@@ -48,7 +48,7 @@ class InstanceRuntime:
     tp: int
     pp: int
     num_kv_blocks: int
-    provider: object
+    provider: LatencyProvider
     scheduler: Scheduler
     lower_tier: PrefixTier | None = None
     pim: object | None = None
@@ -58,14 +58,10 @@ class InstanceRuntime:
     memory: MemoryBudget | None = None
 
 
-def _import_providers() -> None:
-    # Providers register themselves on import; optional ones may be absent.
-    import sim.latency.measured  # noqa: F401
-    for mod in ("sim.latency.roofline", "sim.latency.aic"):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
+def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = None) -> ModelSpec:
+    """The model as ``inst`` serves it: its precision (quantization, kv_cache_dtype) applied."""
+    return served_model(inst.model_name, inst.hardware, opts.quantization, opts.kv_cache_dtype,
+                        source=where)
 
 
 def _max_model_len(inst: InstanceRuntime) -> int:
@@ -80,28 +76,45 @@ def _log_memory(inst: InstanceRuntime) -> None:
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
-                      where: str = "<cluster>"):
-    _import_providers()
-    if kind == "auto":
-        from sim.latency.measured import find_bundle
-        bundle = find_bundle(inst.hardware, model, opts.profiles_dirs)
-        if bundle is not None and (bundle / f"tp{inst.tp_size}").is_dir():
-            kind = "measured"
-        elif "roofline" in LATENCY_PROVIDERS:
-            kind = "roofline"
-        else:
-            kind = "measured"  # raises the "no bundle" error with the searched folders
-    try:
-        return LATENCY_PROVIDERS.create(kind, model, inst.hardware, inst.tp_size,
-                                        profiles_dirs=opts.profiles_dirs,
-                                        max_tokens=max(opts.max_num_batched_tokens, 16384),
-                                        max_seqs=max(opts.max_num_seqs, 1024),
-                                        source="--latency-provider")
-    except InputError as exc:
-        if kind not in LATENCY_PROVIDERS:
-            raise
-        raise InputError(f"instance {inst.instance_id} (hardware={inst.hardware!r}, "
-                         f"{kind} latency): {exc}", source=where) from None
+                      where: str = "<cluster>") -> LatencyProvider:
+    """Build the instance's provider; ``auto`` takes the first of measured > aic > roofline
+    that covers (hardware, model at its precision, tp) and builds, and records why."""
+    registry = load_providers()
+    kw = {"profiles_dirs": opts.profiles_dirs, "max_tokens": max(opts.max_num_batched_tokens, 16384),
+          "max_seqs": max(opts.max_num_seqs, 1024)}
+    if kind != "auto":
+        try:
+            return registry.create(kind, model, inst.hardware, inst.tp_size,
+                                   source="--latency-provider", **kw)
+        except InputError as exc:
+            if kind not in registry:
+                raise
+            raise InputError(f"instance {inst.instance_id} (hardware={inst.hardware!r}, "
+                             f"{kind} latency): {exc}", source=where) from None
+    skipped: list[str] = []
+    for name in AUTO_ORDER:
+        if name not in registry:
+            continue
+        why_not = registry.get(name).covers(model, inst.hardware, inst.tp_size,
+                                            opts.profiles_dirs)
+        if why_not is None:
+            if registry.get(name).exact_coverage:  # a build error is the user's to fix
+                prov = _resolve_provider(name, inst, model, opts, where)
+                prov.note = f"auto picked {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                return prov
+            try:
+                prov = registry.create(name, model, inst.hardware, inst.tp_size, **kw)
+            except InputError as exc:  # covered on paper but cannot build: try the next
+                why_not = f"cannot build: {exc}"
+            else:
+                prov.note = f"auto picked {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                return prov
+        skipped.append(f"{name}: {why_not}")
+    # Nothing covers it: the last resort's own error names the problem (e.g. an unknown
+    # hardware with the known ones listed).
+    prov = _resolve_provider(AUTO_ORDER[-1], inst, model, opts, where)
+    prov.note = "auto: " + "; ".join(skipped)
+    return prov
 
 
 def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
@@ -113,10 +126,10 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         raise InputError(problems[0])
     for inst in cluster.instances:
         where = f"{cluster.source}: instance {inst.instance_id}"
-        model = load_model(inst.model_name, source=f"{where}: model_name")
-        model.check_tp(inst.tp_size, source=where)
         o = opts.for_instance(inst.overrides)
         o.validate()
+        model = instance_model(inst, o, where)
+        model.check_tp(inst.tp_size, source=where)
         memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
@@ -205,8 +218,8 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
     check_links(cluster)
     out = []
     for inst in cluster.instances:
-        model = load_model(inst.model_name)
         o = opts.for_instance(inst.overrides)
+        model = instance_model(inst, o)
         budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
         blocks = budget.num_blocks
         pim = None
@@ -660,6 +673,9 @@ class Simulator:
         return {
             "latency_provider": kinds[0] if len(kinds) == 1 else "mixed:" + ",".join(kinds),
             "latency_source": {str(i.instance_id): i.provider.source for i in self.instances},
+            "latency_note": {str(i.instance_id): i.provider.note for i in self.instances
+                             if i.provider.note},
+            "precision": {str(i.instance_id): i.model.precision for i in self.instances},
             "backend": self.backend.name,
             "num_instances": len(self.instances),
             "num_npus": sum(i.config.num_npus for i in self.instances),

@@ -180,7 +180,7 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
     where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
     if weights >= requested:
         raise InputError(
-            f"{where}: weights need {weights / GiB:.2f} GiB per NPU but only "
+            f"{where}: {model.precision} weights need {weights / GiB:.2f} GiB per NPU but only "
             f"{requested / GiB:.2f} GiB is requested (npu_mem.mem_size={inst.npu_mem.mem_size_gib}"
             f" GiB, {total / GiB:.2f} GiB as CUDA reports it, x mem_util={util}); raise "
             "tp_size/pp_size or use a larger device")

@@ -54,7 +54,12 @@ class SimOptions:
     #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
     pd_decode_policy: str = "LOAD"
     seed: int = 0
-    #: "auto" (measured where a bundle exists, else roofline), "measured", "roofline", "aic"
+    #: weight quantization as vLLM's --quantization: None (the checkpoint's) or "fp8" (W8A8)
+    quantization: str | None = None
+    #: vLLM's --kv-cache-dtype: "auto" (the model dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
+    kv_cache_dtype: str = "auto"
+    #: "auto" (measured bundle, then aiconfigurator's database, then roofline) or a
+    #: registered provider name (sim.latency.base.LATENCY_PROVIDERS)
     latency_provider: str = "auto"
     #: extra folders searched for profile bundles (before the project's and ../shared's)
     profiles_dirs: tuple[str, ...] = ()
@@ -100,6 +105,13 @@ class SimOptions:
         if self.enable_sub_batch_interleaving and not self.enable_attn_offloading:
             raise InputError("sub-batch interleaving overlaps NPU work with PIM attention: it "
                              "needs --enable-attn-offloading")
+        from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise InputError(f"option quantization: {self.quantization!r} is not modelled; "
+                             f"allowed: {', '.join(QUANTIZATIONS)} (or none)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InputError(f"option kv_cache_dtype: {self.kv_cache_dtype!r} is not modelled; "
+                             f"allowed: {', '.join(KV_CACHE_DTYPES)}")
         if self.all2all_backend not in ALL2ALL_BACKENDS:
             raise InputError(f"all2all_backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
                              f"got {self.all2all_backend!r}")

@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from sim.errors import InputError
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LayerTimes
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
 
@@ -45,16 +45,34 @@ def bundle_search_dirs(extra: tuple[str, ...] | list[str] = ()) -> list[Path]:
     return dirs
 
 
-def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
-    """The variant folder of a bundle for (hardware, model), or None."""
-    variant = VARIANT_BY_DTYPE.get(model.dtype, model.dtype)
-    names = [model.name, *model.aliases]
+def bundle_variant(model: ModelSpec) -> str:
+    """The bundle variant folder named for the served precision: the weights' precision
+    (``fp8`` under FP8 quantization, else the dtype's short name), plus ``-kvfp8`` with an
+    FP8 KV cache, e.g. ``bf16``, ``fp8``, ``fp8-kvfp8``."""
+    base = "fp8" if model.is_fp8 else VARIANT_BY_DTYPE.get(model.dtype, model.dtype)
+    return base + ("-kvfp8" if model.kv_is_fp8 else "")
+
+
+def _bundle_folders(hardware: str, model: ModelSpec, extra_dirs=()):
     for d in bundle_search_dirs(extra_dirs):
-        for name in names:
-            p = d / hardware / name / variant
-            if (p / "meta.yaml").is_file():
-                return p
+        for name in dict.fromkeys([model.name, *model.aliases]):
+            yield d / hardware / name
+
+
+def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
+    """The variant folder of a bundle for (hardware, model at its precision), or None."""
+    variant = bundle_variant(model)
+    for folder in _bundle_folders(hardware, model, extra_dirs):
+        p = folder / variant
+        if (p / "meta.yaml").is_file():
+            return p
     return None
+
+
+def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
+    """Variants measured for (hardware, model) at other precisions (for error notes)."""
+    return sorted({p.parent.name for f in _bundle_folders(hardware, model, extra_dirs)
+                   for p in f.glob("*/meta.yaml")} - {bundle_variant(model)})
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
@@ -137,7 +155,10 @@ class _Axis:
         return i - 1, i, (q - vals[i - 1]) / (vals[i] - vals[i - 1]), False
 
 
-class MeasuredProvider:
+class MeasuredProvider(LatencyProvider):
+    """Profile bundles measured with vLLM, looked up by the variant named for the served
+    precision (:func:`bundle_variant`); a bundle of another precision is never used."""
+
     kind = "measured"
 
     def __init__(self, model: ModelSpec, hardware: str, tp: int, *, bundle: Path | None = None,
@@ -148,9 +169,12 @@ class MeasuredProvider:
         root = bundle or find_bundle(hardware, model, profiles_dirs)
         if root is None:
             searched = ", ".join(str(d) for d in bundle_search_dirs(profiles_dirs))
+            others = other_variants(hardware, model, profiles_dirs)
+            has = f" (has only {', '.join(others)}: other precisions are not used)" if others else ""
             raise InputError(f"no measured profile bundle for hardware={hardware!r} "
-                             f"model={model.name!r}; searched {searched}. Use "
-                             "--latency-provider roofline, or profile one with `llmsim profile`")
+                             f"model={model.name!r} variant {bundle_variant(model)!r}{has}; "
+                             f"searched {searched}. Use --latency-provider auto, aic or "
+                             "roofline, or profile one with `llmsim profile`")
         self.root = Path(root)
         self.source = str(self.root)
         meta_path = self.root / "meta.yaml"
@@ -487,13 +511,20 @@ class MeasuredProvider:
             per_block += self.moe_ns(t, self.expected_active_experts(t))
         return self._dense_total[t] + self._seq_total[s] + per_block * self.model.num_hidden_layers
 
-    def expected_active_experts(self, tokens: int) -> int:
-        """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly."""
-        e, k = self.model.num_experts, self.model.num_experts_per_tok
-        return max(1, min(e, round(e * (1.0 - (1.0 - k / e) ** tokens))))
-
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
+
+
+    @classmethod
+    def covers(cls, model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> str | None:
+        root = find_bundle(hardware, model, profiles_dirs)
+        if root is None:
+            others = other_variants(hardware, model, profiles_dirs)
+            return (f"no {bundle_variant(model)} bundle"
+                    + (f" (only {', '.join(others)})" if others else ""))
+        if not (root / f"tp{tp}").is_dir():
+            return f"bundle {root} has no tp{tp}"
+        return None
 
 
 LATENCY_PROVIDERS.register("measured", MeasuredProvider)
