@@ -22,7 +22,7 @@ class Request:
         "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
         "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
         "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
-        "handoff_blocks",
+        "handoff_blocks", "kv_transfer_tokens",
     )
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
@@ -66,6 +66,8 @@ class Request:
         self.rejected = False
         #: PD prefill side: blocks held until the decode side has read them
         self.handoff_blocks: list[int] | None = None
+        #: PD decode side: prompt tokens whose KV is transferred (those not cached there)
+        self.kv_transfer_tokens = 0
 
     @property
     def num_tokens(self) -> int:

@@ -113,6 +113,8 @@ class Scheduler:
         self.role: str | None = None
         #: prefill role: requests whose prefill finished, to be handed to a decode instance
         self.handoffs: list[Request] = []
+        #: prefill role: handed-off requests whose blocks are kept until their KV is read
+        self.held_handoffs = 0
         #: decode role: requests admitted this step whose KV must now be transferred in
         self.admitted_transfers: list[Request] = []
 
@@ -154,13 +156,15 @@ class Scheduler:
         kv = self.kv
         running = self.running
         cap = self.max_model_len - 1
+        # A PD prefill instance serves each request with max_tokens=1 (vLLM's proxy).
+        one_token = self.role == "prefill"
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             ph = req.num_placeholders
-            if req.ready_ns > now or (
-                    ph and req.num_computed + 2 - ph >= req.input_len + req.output_len):
+            if req.ready_ns > now or (ph and req.num_computed + 2 - ph >= req.input_len + (
+                    1 if one_token else req.output_len)):
                 # Its KV is still arriving (PD), or (async) its step in flight is its last.
                 i += 1
                 continue
@@ -263,7 +267,7 @@ class Scheduler:
         if not kv.allocate(req, req.num_tokens - hit_tokens, hit):
             return False
         self.waiting.popleft()
-        req.prefix_hit = hit_tokens
+        req.kv_transfer_tokens = req.input_len - hit_tokens
         # As vLLM's connector does: the loaded prompt counts as computed but the last
         # token, which the first decode step recomputes to sample the first token.
         req.num_computed = req.num_tokens - 1
@@ -366,11 +370,14 @@ class Scheduler:
             for r in self.handoffs:
                 # The prefill side keeps the blocks until the decode side has read them
                 # (vLLM's connector delays the free): the engine calls release_handoff.
+                self.held_handoffs += 1
                 r.handoff_blocks = r.block_ids
                 r.block_ids = []
                 r.cached_hashes = None
+                r.num_computed = 0  # the decode side starts from its own cache
         return finished
 
     def release_handoff(self, blocks: list[int]) -> None:
         """Free a handed-off request's prefill-side blocks once its KV has been read."""
+        self.held_handoffs -= 1
         self.kv.free_blocks(blocks)
