@@ -88,6 +88,8 @@ def build_cluster(space: Space, params: dict) -> dict:
         else (info.link_latency_ns or 0),
         "nodes": nodes,
     }
+    if params.get("collective_algorithm", "ring") != "ring":
+        out["collective_algorithm"] = params["collective_algorithm"]
     if params.get("prefix_tier", "npu") == "cxl":
         # A CXL memory expander for the lower prefix tier (space cluster defaults may override).
         out["cxl_mem"] = cd.get("cxl_mem") or {"mem_size": 512, "mem_bw": 64, "mem_latency": 250,

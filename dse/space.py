@@ -22,6 +22,7 @@ import yaml
 
 from dse import _simapi as simapi
 from dse._simapi import InputError
+from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
 # ---------------------------------------------------------------- vocabularies
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -47,13 +48,14 @@ BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_s
               "sub_batch_interleaving")
 INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
-STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio")
+STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
+             "collective_algorithm")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
 KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "replicas", "pd", "pd_ratio", "pim_mode",
               "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
-              "enable_chunked_prefill", "routing_policy")
+              "enable_chunked_prefill", "routing_policy", "collective_algorithm")
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
@@ -139,6 +141,9 @@ def _check_value(name: str, v: Any, where: str) -> Any:
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
             raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
                              f"(e.g. '1:3'), got {v!r}")
+    if name == "collective_algorithm" and v not in COLLECTIVE_ALGORITHMS:
+        raise InputError(f"{where}: unknown collective_algorithm {v!r}; "
+                         f"allowed: {_allowed(COLLECTIVE_ALGORITHMS)}")
     if name == "routing_policy":
         known = simapi.routing_policies()
         if known is not None and v not in known:

@@ -43,6 +43,10 @@ def simulate_validation(folder: Path, latency_provider: str = "measured") -> tup
     kv = meta.get("kv_cache", {})
     dataset = shared_data_root() / meta["dataset_path"]
     cluster = sim.load_cluster(folder / "cluster.json")
+    if kv.get("gpu_memory_utilization"):
+        # vLLM's own setting, not a value calibrated in cluster.json: the KV capacity
+        # follows from it as vLLM derives it (sim/memory.py).
+        cluster = cluster.with_mem_util(kv["gpu_memory_utilization"])
     opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
                           max_num_batched_tokens=kw["max_num_batched_tokens"],
                           block_size=kv.get("block_size", 16),
@@ -56,6 +60,18 @@ def simulate_validation(folder: Path, latency_provider: str = "measured") -> tup
             "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
             "provider": s["latency_provider"]}
     return simulated, info
+
+
+def _blocks(per_instance: dict) -> str:
+    values = sorted(set(per_instance.values()))
+    return str(values[0]) if len(values) == 1 else "/".join(map(str, per_instance.values()))
+
+
+def _block_error(info: dict) -> str:
+    real, simulated = info["kv_blocks_vllm"], set(info["kv_blocks_sim"].values())
+    if not real or len(simulated) != 1:
+        return ""
+    return f" ({100.0 * (simulated.pop() - real) / real:+.2f}%)"
 
 
 def error_table(measured: dict, simulated: dict) -> list[tuple[str, str, float, float, float]]:
@@ -82,7 +98,8 @@ def main(argv=None) -> int:
         measured = measured_stats(folder / "vllm" / "requests.jsonl")
         simulated, info = simulate_validation(folder, args.latency_provider)
         print(f"\n{folder.name}  (latency provider: {info['provider']}, sim wall {info['wall_s']:.2f} s, "
-              f"KV blocks sim {info['kv_blocks_sim']} vs vLLM {info['kv_blocks_vllm']}, "
+              f"KV blocks sim {_blocks(info['kv_blocks_sim'])} vs vLLM {info['kv_blocks_vllm']}"
+              f"{_block_error(info)}, "
               f"preemptions {info['preemptions']})")
         print(f"{'metric':8s}{'stat':6s}{'vLLM (ms)':>14s}{'sim (ms)':>14s}{'error':>9s}")
         for m, st, a, b, err in error_table(measured, simulated):

@@ -109,6 +109,12 @@ def _run(args) -> int:
           f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
           f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    for iid, kv in (s.get("kv_cache") or {}).items():
+        line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"
+        if kv.get("max_model_len"):
+            line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
+                     f"{kv['max_concurrency']:.2f}x")
+        print(line)
     print(f"wrote {out}, {summary}, {series}")
     if s.get("latency_extrapolations"):
         print(f"note: lookups outside the measured grid (extrapolated): "
@@ -162,8 +168,11 @@ def _add_astra_config(sub) -> None:
                             "for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
-    p.add_argument("--collective", default="ring",
-                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+    from sim.topology import ALGORITHMS
+
+    p.add_argument("--collective", default=None, choices=ALGORITHMS,
+                   help="collective algorithm on every dimension (default: the cluster's "
+                        "collective_algorithm, else ring)")
 
 
 def _astra_config(args) -> int:

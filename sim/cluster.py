@@ -25,9 +25,10 @@ INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefi
                            "block_size", "enable_prefix_caching", "enable_chunked_prefill")
 _INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
                   "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
-                  *INSTANCE_SCHEDULER_KEYS}
+                  "num_gpu_blocks_override", *INSTANCE_SCHEDULER_KEYS}
 _NODE_KEYS = {"num_instances", "cpu_mem", "instances", "power"}
-_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem"}
+_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem",
+             "collective_algorithm"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class InstanceConfig:
     dtype: str | None = None
     kv_cache_dtype: str | None = None
     placement: dict | None = None
+    #: vLLM's cache_config.num_gpu_blocks_override: use this many KV blocks, whatever the
+    #: memory accounting gives (it must still leave room for the cache)
+    num_gpu_blocks_override: int | None = None
     #: per-instance overrides of SimOptions scheduler knobs
     overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -71,8 +75,9 @@ class NodeConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    link_bw_GBps: float = 16.0
-    link_latency_ns: float | list = 0.0
+    #: per direction, decimal GB/s; a number or one per dimension; None: the hardware's
+    link_bw_GBps: float | list | None = None
+    link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
     source: str = "<cluster>"
     raw: dict = field(default_factory=dict, repr=False, compare=False)
@@ -83,6 +88,15 @@ class ClusterConfig:
 
     def with_overrides(self, **kw) -> ClusterConfig:
         return replace(self, **kw)
+
+    def with_mem_util(self, util: float) -> ClusterConfig:
+        """This cluster with every instance's npu_mem.mem_util set to ``util`` (vLLM's
+        gpu_memory_utilization of a run being replayed)."""
+        def inst(i: InstanceConfig) -> InstanceConfig:
+            return replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util)))
+        nodes = tuple(replace(n, instances=tuple(inst(i) for i in n.instances))
+                      for n in self.nodes)
+        return replace(self, nodes=nodes)
 
 
 def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=False):
@@ -174,6 +188,9 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 num_npus=num_npus, tp_size=tp, pp_size=pp, ep_size=ep,
                 dp_group=ins.get("dp_group"), pd_type=pd, dtype=ins.get("dtype"),
                 kv_cache_dtype=ins.get("kv_cache_dtype"), placement=ins.get("placement"),
+                num_gpu_blocks_override=(
+                    int(_num(ins, "num_gpu_blocks_override", iw, integer=True))
+                    if ins.get("num_gpu_blocks_override") is not None else None),
                 overrides=overrides))
             iid += 1
         cpu_raw = nd.get("cpu_mem") or {}
@@ -183,9 +200,9 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
                                 power=nd.get("power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
-    link_lat = data.get("link_latency", 0)
+    link_lat = data.get("link_latency")
     return ClusterConfig(nodes=tuple(nodes),
-                         link_bw_GBps=data.get("link_bw", 16.0),
+                         link_bw_GBps=data.get("link_bw"),
                          link_latency_ns=link_lat, cxl_mem=data.get("cxl_mem"), source=source,
                          raw=data)
 

@@ -10,17 +10,19 @@ clock jumps to the next arrival. No I/O, logging or pandas inside the loop.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass
 
 from astrasim import GraphBuilder
 
-from sim.backend import SystemBackend, instance_network, make_backend
+from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.latency.base import LATENCY_PROVIDERS, BatchShape
+from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
 from sim.options import SimOptions
@@ -28,7 +30,12 @@ from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
+from sim.topology import (Topology, check_links, instance_topology, link_between,
+                          transfer_topology)
 from sim.workload import Workload
+
+
+_log = logging.getLogger("sim.memory")
 
 
 @dataclass
@@ -45,7 +52,9 @@ class InstanceRuntime:
     lower_tier: PrefixTier | None = None
     pim: object | None = None
     #: the instance's own ASTRA-Sim network (TP group x pipeline stages)
-    network: dict | None = None
+    network: Topology | None = None
+    #: vLLM's memory accounting behind num_kv_blocks (None when the KV cache lives in PIM)
+    memory: MemoryBudget | None = None
 
 
 def _import_providers() -> None:
@@ -58,22 +67,15 @@ def _import_providers() -> None:
             pass
 
 
-def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int) -> int:
-    """KV blocks per instance: (mem_size * mem_util - weights) / block bytes, per NPU."""
-    usable = inst.npu_mem.mem_size_gib * GiB * inst.npu_mem.mem_util
-    weights = model.weight_bytes(inst.tp_size, inst.pp_size, inst.ep_size)
-    free = usable - weights
-    where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
-    if free <= 0:
-        raise InputError(
-            f"{where}: weights need {weights / GiB:.2f} GiB per NPU but only "
-            f"{usable / GiB:.2f} GiB is usable (npu_mem.mem_size={inst.npu_mem.mem_size_gib} GiB x "
-            f"mem_util={inst.npu_mem.mem_util}); raise tp_size/pp_size or use a larger device")
-    blocks = int(free // (model.kv_bytes_per_token(inst.tp_size, inst.pp_size) * block_size))
-    if blocks < 2:
-        raise InputError(f"{where}: no room for KV cache after the weights "
-                         f"({free / GiB:.3f} GiB left)")
-    return blocks
+def _max_model_len(inst: InstanceRuntime) -> int:
+    """vLLM's max_model_len: the option where given, else the model's position limit."""
+    return int(getattr(inst.opts, "max_model_len", 0) or inst.model.max_position_embeddings)
+
+
+def _log_memory(inst: InstanceRuntime) -> None:
+    if inst.memory is not None and _log.isEnabledFor(logging.INFO):
+        for line in inst.memory.log_lines(_max_model_len(inst)):
+            _log.info("instance %d: %s", inst.instance_id, line)
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
@@ -114,7 +116,7 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         model.check_tp(inst.tp_size, source=where)
         o = opts.for_instance(inst.overrides)
         o.validate()
-        kv_capacity_blocks(inst, model, o.block_size)
+        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
         for node in cluster.nodes:
@@ -194,11 +196,13 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
+    check_links(cluster)
     out = []
     for inst in cluster.instances:
         model = load_model(inst.model_name)
         o = opts.for_instance(inst.overrides)
-        blocks = kv_capacity_blocks(inst, model, o.block_size)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
             pim = _build_pim(cluster, inst, model, o)
@@ -206,10 +210,11 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
-        bw, lat = _link(cluster, inst, inst)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
-                                   network=instance_network(inst.tp_size, inst.pp_size, bw, lat)))
+                                   network=instance_topology(cluster, inst),
+                                   memory=None if pim is not None else budget))
+        _log_memory(out[-1])
     return out
 
 
@@ -300,14 +305,9 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
 
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
-    link_bw/link_latency, inter-node the last dimension."""
-    dim = 0 if a.node_id == b.node_id else -1
-
-    def pick(v):
-        return float(v[dim] if isinstance(v, list) else v)
-
-    return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
+    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
+    link = link_between(cluster, a, b)
+    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -319,9 +319,7 @@ def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
     link between the two instances.
     """
     shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
-    bw, lat = _link(cluster, src.config, dst.config)
-    network = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [bw],
-               "latency": [lat]}
+    network = transfer_topology(link_between(cluster, src.config, dst.config))
     send, recv = GraphBuilder(0), GraphBuilder(1)
     send.send(1, shard, tag=1, name="kv_send")
     recv.recv(0, shard, tag=1, name="kv_recv")
@@ -689,6 +687,8 @@ class Simulator:
             for k, v in inst.provider.extrapolations().items():
                 extrap[k] = extrap.get(k, 0) + v
         summary["latency_extrapolations"] = extrap
+        # one number a search can constrain on: lookups the latency data did not cover
+        summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(all_reqs, summary, series)
 
     def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
@@ -751,6 +751,8 @@ class Simulator:
             "num_instances": len(self.instances),
             "num_npus": sum(i.config.num_npus for i in self.instances),
             "kv_blocks": {str(i.instance_id): i.num_kv_blocks for i in self.instances},
+            "kv_cache": {str(i.instance_id): i.memory.as_dict(_max_model_len(i))
+                         for i in self.instances if i.memory is not None},
             "energy_j": None,
             "power_modelled": bool(self.cluster.nodes and all(n.power for n in self.cluster.nodes)),
         }

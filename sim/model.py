@@ -61,6 +61,8 @@ class ModelSpec:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    #: longest position the rotary table covers (HF max_position_embeddings; 0 = unknown)
+    max_position_embeddings: int = 0
     aliases: tuple[str, ...] = field(default=())
 
     # ---- derived quantities -------------------------------------------------------
@@ -171,6 +173,7 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
         num_experts=int(d.get("num_experts") or 0),
         num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
+        max_position_embeddings=int(d.get("max_position_embeddings") or 0),
         aliases=tuple(d.get("aliases") or ()),
     )
     if spec.dtype not in DTYPE_BYTES:
@@ -208,6 +211,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         "num_experts": experts,
         "num_experts_per_tok": cfg.get("num_experts_per_tok") or 0,
         "moe_intermediate_size": moe_inter,
+        "max_position_embeddings": cfg.get("max_position_embeddings") or 0,
     }
     return _from_mapping(mapping, str(path))
 

@@ -299,7 +299,7 @@ class Scheduler:
     @staticmethod
     def _make_batch(reqs: list[Request], news: list[int], samples: list[bool],
                     tier_bytes: int) -> Batch:
-        prefill_tokens = prefill_kv = n_dec = kv_sum = 0
+        prefill_tokens = prefill_kv = n_dec = kv_sum = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
@@ -314,9 +314,10 @@ class Scheduler:
             else:
                 prefill_tokens += n
                 prefill_kv += k
+                pwork += n * (2 * k + n)  # varlen attention: per request
         total = prefill_tokens + n_dec
         shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
-                           kv_min if n_dec else 0)
+                           kv_min if n_dec else 0, pwork)
         return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes, samples)
 
     def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:

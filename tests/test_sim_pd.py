@@ -10,13 +10,14 @@ import pytest
 
 import sim
 from sim.workload import parse_jsonl_lines
+from tests.conftest import util_with_overhead
 
 
 def _pd_cluster(link_bw: float = 16, prefill: int = 1, decode: int = 1, tp: int = 1,
                 mem_util: float = 0.9) -> sim.ClusterConfig:
     def inst(role):
         return {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-                "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": mem_util},
+                "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": util_with_overhead(mem_util, 80)},
                 "num_npus": tp, "tp_size": tp, "pd_type": role}
     return sim.parse_cluster({"num_nodes": 1, "link_bw": link_bw, "link_latency": 2000, "nodes": [{
         "num_instances": prefill + decode,
@@ -56,9 +57,10 @@ def test_transfer_time_scales_with_context_length_and_link_bandwidth():
     assert long == pytest.approx(4 * short, rel=0.02)
     slow, fast = transfer_ms(2000, 16), transfer_ms(2000, 64)
     assert slow == pytest.approx(4 * fast, rel=0.05)
-    # Closed form: latency + KV bytes of the context over the link.
+    # Closed form: two hops (GPU -> NVSwitch -> GPU, sim.topology) of latency + KV bytes of
+    # the context over the link (link_bw in decimal GB/s = bytes/ns).
     model = sim.engine.load_model("meta-llama/Llama-3.1-8B")
-    expected_ms = (2000 + 2000 * model.kv_bytes_per_token() / (16 * 2**30 / 1e9)) / 1e6
+    expected_ms = (2 * 2000 + 2000 * model.kv_bytes_per_token() / 16) / 1e6
     assert slow == pytest.approx(expected_ms, rel=0.01)
 
 

@@ -22,7 +22,8 @@ class BatchShape:
     ``num_tokens`` is every token computed this step (prefill chunk tokens plus one per
     decode); ``num_seqs`` the sequences that produce logits (lm_head/sampler rows).
     Prefill requests contribute ``prefill_tokens`` new tokens that attend to
-    ``prefill_kv`` tokens already cached; decode requests read ``decode_kv_sum`` cached
+    ``prefill_kv`` tokens already cached (sums over the requests; ``prefill_work`` keeps
+    the per-request pairing that attention cost depends on); decode requests read ``decode_kv_sum`` cached
     tokens in total (the longest read is ``decode_kv_max``).
     """
 
@@ -34,6 +35,10 @@ class BatchShape:
     decode_kv_sum: int = 0
     decode_kv_max: int = 0
     decode_kv_min: int = 0
+    #: FlashAttention varlen work of the prefill requests, sum of c_i * (2 kv_i + c_i) (twice
+    #: the causal query-key pairs of chunk c_i over kv_i cached tokens); 0 = one request,
+    #: ``prefill_tokens`` over ``prefill_kv``
+    prefill_work: int = 0
 
     @property
     def decode_kv_mean(self) -> int:

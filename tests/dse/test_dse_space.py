@@ -28,6 +28,8 @@ BAD_CASES = [
     ({"knobs": {"enable_prefix_caching": ["yes"]}}, ["knobs.enable_prefix_caching", "true or false"]),
     ({"knobs": {"tp": []}}, ["knobs.tp", "empty"]),
     ({"knobs": {"routing_policy": ["LOAD", "FASTEST"]}}, ["knobs.routing_policy", "FASTEST", "RR"]),
+    ({"knobs": {"collective_algorithm": ["ring", "tree"]}},
+     ["knobs.collective_algorithm", "tree", "ring, direct, halvingDoubling"]),
     ({"model": "llama-9000"}, ["model", "llama-9000", "meta-llama/Llama-3.1-8B"]),
     ({"hardware": "TPU-v9"}, ["hardware", "TPU-v9", "H100-SXM"]),
     ({"objectives": ["throughput_per_device", "happiness"]},
@@ -139,3 +141,13 @@ def test_dse_pareto_mask():
     # maximize first, minimize second: [10,6] dominated by [10,5]; [7,7] dominated
     m = pareto_mask(v, ["maximize", "minimize"])
     assert m.tolist() == [True, True, False, False, True]
+
+
+def test_dse_collective_algorithm_knob_reaches_the_cluster_file():
+    from dse.config import build_cluster
+
+    data = {**BASE_SPACE, "knobs": {"tp": [2], "collective_algorithm": ["ring", "direct"]}}
+    s = parse_space(yaml.safe_load(yaml.safe_dump(data)), "x.yaml")
+    by_algo = {p["collective_algorithm"]: build_cluster(s, s.complete(p)) for p in s.grid()}
+    assert by_algo["direct"]["collective_algorithm"] == "direct"
+    assert "collective_algorithm" not in by_algo["ring"]  # ring is the cluster default
