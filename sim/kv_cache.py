@@ -196,35 +196,43 @@ class KVCacheManager:
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
         prefix hit), and cache its full blocks among them; False if blocks run out."""
+        bs = self.block_size
         computed = req.num_computed
-        if hit_blocks:
-            computed += len(hit_blocks) * self.block_size
-            hit_free = sum(1 for b in hit_blocks if self.ref[b] == 0)
-        else:
-            hit_free = 0
-        have = len(req.block_ids) + (len(hit_blocks) if hit_blocks else 0)
-        need = self.blocks_for(computed + num_new) - have
-        if need < 0:
-            need = 0
-        if need + hit_free > len(self.free):
-            return False
         free, ref = self.free, self.ref
         if hit_blocks:
+            computed += len(hit_blocks) * bs
+            hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
+            need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
+            if need < 0:
+                need = 0
+            if need + hit_free > len(free):
+                return False
             for b in hit_blocks:
                 if ref[b] == 0:
                     del free[b]
                 ref[b] += 1
             req.block_ids = list(hit_blocks)
             req.cached_hashes = len(hit_blocks)
-        for _ in range(need):
-            bid, _ = free.popitem(last=False)
-            if self.block_hash[bid] is not None:
-                self._evict(bid)
-            ref[bid] = 1
-            req.block_ids.append(bid)
+        else:
+            need = -(-(computed + num_new) // bs) - len(req.block_ids)
+            if need > len(free):
+                return False
+        if need > 0:
+            block_hash = self.block_hash
+            append = req.block_ids.append
+            for _ in range(need):
+                bid, _ = free.popitem(last=False)
+                if block_hash[bid] is not None:
+                    self._evict(bid)
+                ref[bid] = 1
+                append(bid)
         if self.enable_prefix_caching:
             n = computed + num_new
-            self.cache_blocks(req, n if n < req.num_tokens else req.num_tokens)
+            known = req.input_len + req.num_output
+            if n > known:
+                n = known
+            if n // bs > (req.cached_hashes or 0):
+                self.cache_blocks(req, n)
         return True
 
     def free_blocks(self, block_ids: list[int]) -> None:

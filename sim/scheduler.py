@@ -156,6 +156,8 @@ class Scheduler:
         kv = self.kv
         running = self.running
         cap = self.max_model_len - 1
+        bs = kv.block_size
+        caching = kv.enable_prefix_caching
         # A PD prefill instance serves each request with max_tokens=1 (vLLM's proxy).
         one_token = self.role == "prefill"
         preempted = False
@@ -168,7 +170,8 @@ class Scheduler:
                 # Its KV is still arriving (PD), or (async) its step in flight is its last.
                 i += 1
                 continue
-            n = req.num_tokens + ph - req.num_computed
+            known = req.input_len + req.num_output
+            n = known + ph - req.num_computed
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -176,6 +179,15 @@ class Scheduler:
             if n > cap - req.num_computed:
                 n = cap - req.num_computed
             if n <= 0:
+                i += 1
+                continue
+            nc = req.num_computed + n
+            if nc <= len(req.block_ids) * bs and (not caching or (
+                    nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
+                # Fast path (most decodes): its blocks have room and nothing new to cache.
+                reqs.append(req)
+                news.append(n)
+                budget -= n
                 i += 1
                 continue
             while not kv.allocate(req, n):
@@ -290,7 +302,7 @@ class Scheduler:
         async_ = self.async_scheduling
         for req, n in zip(reqs, news):
             req.num_computed += n
-            s = req.num_computed >= req.num_tokens + req.num_placeholders
+            s = req.num_computed >= req.input_len + req.num_output + req.num_placeholders
             samples.append(s)
             if s and async_:
                 req.num_placeholders += 1
@@ -352,9 +364,11 @@ class Scheduler:
             req.num_output += 1
             if async_:
                 req.num_placeholders -= 1
-                if was_running:
-                    kv.cache_blocks(req, req.num_computed - req.num_placeholders)
-            if req.num_output >= req.output_len or req.num_tokens >= max_len:
+                if was_running and kv.enable_prefix_caching:
+                    n = req.num_computed - req.num_placeholders
+                    if n // kv.block_size > (req.cached_hashes or 0):
+                        kv.cache_blocks(req, n)
+            if req.num_output >= req.output_len or req.input_len + req.num_output >= max_len:
                 req.status = FINISHED
                 req.finish_ns = now
                 finished.append(req)
