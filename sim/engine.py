@@ -602,7 +602,8 @@ class Simulator:
                     if batch is not None:
                         payload.append((idx, batch))
                     elif (inst.scheduler.waiting and not inst.scheduler.running
-                          and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs):
+                          and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
+                          and not inst.scheduler.receiving):
                         head = inst.scheduler.waiting[0]
                         o = inst.opts
                         if (not o.enable_chunked_prefill and o.max_num_batched_tokens

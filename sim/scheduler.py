@@ -117,6 +117,8 @@ class Scheduler:
         self.held_handoffs = 0
         #: decode role: requests admitted this step whose KV must now be transferred in
         self.admitted_transfers: list[Request] = []
+        #: decode role: requests holding blocks while their KV is transferred in
+        self.receiving: list[Request] = []
 
     def add_request(self, req: Request) -> None:
         req.instance_id = self.instance_id
@@ -125,11 +127,11 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not self.running and not self.waiting
+        return not self.running and not self.waiting and not self.receiving
 
     def load(self) -> int:
         """vLLM-style load score used by the LOAD router."""
-        return len(self.waiting) * 4 + len(self.running)
+        return len(self.waiting) * 4 + len(self.running) + len(self.receiving)
 
     def _preempt(self, victim: Request) -> None:
         self.kv.free_request(victim)
@@ -165,9 +167,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             ph = req.num_placeholders
-            if req.ready_ns > now or (ph and req.num_computed + 2 - ph >= req.input_len + (
-                    1 if one_token else req.output_len)):
-                # Its KV is still arriving (PD), or (async) its step in flight is its last.
+            if ph and req.num_computed + 2 - ph >= req.input_len + (
+                    1 if one_token else req.output_len):
+                # (async) Its step in flight is its last.
                 i += 1
                 continue
             known = req.input_len + req.num_output
@@ -220,6 +222,8 @@ class Scheduler:
         waiting = self.waiting
         tier_bytes = 0
         bs = kv.block_size
+        if self.receiving:
+            budget = self._promote_received(now, reqs, news, budget)
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
             if req.remote_kv:
@@ -269,10 +273,31 @@ class Scheduler:
             budget -= n
         return tier_bytes
 
+    def _promote_received(self, now: int, reqs: list[Request], news: list[int],
+                          budget: int) -> int:
+        """PD decode side: requests whose KV has landed run their first step (vLLM's
+        WAITING_FOR_REMOTE_KVS requests, taken before the waiting queue)."""
+        running = self.running
+        for req in list(self.receiving):
+            if budget <= 0 or len(running) >= self.max_num_seqs:
+                break
+            if req.ready_ns > now:
+                continue
+            n = req.num_tokens - req.num_computed
+            if not self.kv.allocate(req, n):
+                break
+            self.receiving.remove(req)
+            req.status = RUNNING
+            running.append(req)
+            reqs.append(req)
+            news.append(n)
+            budget -= n
+        return budget
+
     def _admit_remote(self, req: Request) -> bool:
         """Admit a request whose prompt KV arrives from a prefill instance: blocks for the
-        prompt are allocated once (its local prefix hit reused), and the request runs its
-        first decode step once the transfer has landed."""
+        prompt are allocated once (its local prefix hit reused); the request waits, outside
+        the running set, until the transfer has landed."""
         kv = self.kv
         hit = kv.lookup(req)
         hit_tokens = len(hit) * kv.block_size
@@ -283,8 +308,7 @@ class Scheduler:
         # As vLLM's connector does: the loaded prompt counts as computed but the last
         # token, which the first decode step recomputes to sample the first token.
         req.num_computed = req.num_tokens - 1
-        req.status = RUNNING
-        self.running.append(req)
+        self.receiving.append(req)
         self.admitted_transfers.append(req)
         return True
 

@@ -276,3 +276,21 @@ def test_priority_policy_admits_by_priority_and_preempts_the_lowest():
     assert a.preemptions == 1 and b.preemptions == 0
     with pytest.raises(sim.InputError, match="scheduling_policy"):
         SimOptions(scheduling_policy="lifo").validate()
+
+
+def test_decode_side_requests_wait_outside_running_until_their_kv_lands():
+    # vLLM's WAITING_FOR_REMOTE_KVS: blocks are allocated at once, but the request joins
+    # the running set (and counts against max_num_seqs) only when its transfer is done.
+    s = make_sched(caching=False, async_scheduling=False, max_num_seqs=1)
+    s.role = "decode"
+    a, b = Request(0, 0, 32, 4), Request(1, 0, 32, 4)
+    for r in (a, b):
+        r.remote_kv = True
+        s.add_request(r)
+    assert s.schedule(0) is None
+    assert s.receiving == [a, b] and not s.running and s.kv.num_used == 4
+    assert s.admitted_transfers == [a, b] and a.kv_transfer_tokens == 32
+    a.ready_ns, b.ready_ns = 10, 10
+    assert s.schedule(5) is None
+    assert scheduled(s.schedule(10)) == {0: (31, 1)}  # the first token, max_num_seqs = 1
+    assert s.receiving == [b]
