@@ -491,6 +491,9 @@ class Simulator:
                 depth[u] = 2
         busy_until = [0] * n_units
         may_chain = [False] * n_units
+        # Pipeline stages keep batches in order: one leaves the last stage after the one
+        # before it (a short decode step cannot overtake a long prefill chunk).
+        last_out = [0] * n_units
         gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
                                     source="expert_routing_policy")
         now = 0
@@ -641,6 +644,12 @@ class Simulator:
                     may_chain[unit] = True  # vLLM schedules the next step right away
                     seq += 1
                     heapq.heappush(in_flight, (now, seq, unit, None))
+                end = start + dur
+                if depth[unit] > 1 and not async_unit[unit]:
+                    out = last_out[unit] + max(1, dur // depth[unit])
+                    if out > end:
+                        end = out
+                    last_out[unit] = end
                 if power.enabled:
                     by_idx = dict(payload)
                     for i in members:
@@ -651,8 +660,8 @@ class Simulator:
                              iteration_link_bytes(inst_i, shape)))
                 inflight_count[unit] += 1
                 seq += 1
-                heapq.heappush(in_flight, (start + dur, seq, unit, payload))
-                if depth[unit] > 1:
+                heapq.heappush(in_flight, (end, seq, unit, payload))
+                if depth[unit] > 1 and not async_unit[unit]:
                     # Equal stages: the next batch may enter stage 0 after one stage time.
                     free_at[unit] = now + max(1, dur // depth[unit])
                     seq += 1
