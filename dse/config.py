@@ -19,7 +19,7 @@ from dse.space import Space, pd_split
 #: knobs that become SimOptions fields (the rest shape the cluster)
 OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                 "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                "routing_policy")
+                "routing_policy", "all2all_backend")
 
 
 def devices_per_instance(params: dict) -> int:
@@ -201,6 +201,8 @@ def vllm_command(space: Space, params: dict) -> str:
         args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
     if space.is_moe and int(p.get("ep", 1)) > 1:
         args += ["--enable-expert-parallel"]
+    if space.is_moe and int(p.get("dp", 1)) > 1:
+        args += ["--data-parallel-size", str(p["dp"]), "--all2all-backend", p["all2all_backend"]]
     mem_util = space.cluster_defaults.get("mem_util")
     if mem_util:
         args += ["--gpu-memory-utilization", f"{mem_util:g}"]

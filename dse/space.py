@@ -23,6 +23,7 @@ import yaml
 from dse import _simapi as simapi
 from dse._simapi import InputError
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from sim import ALL2ALL_BACKENDS
 
 # ---------------------------------------------------------------- vocabularies
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -49,10 +50,11 @@ BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_s
 INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
 STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
-             "collective_algorithm")
+             "collective_algorithm", "all2all_backend")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
-KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "replicas", "pd", "pd_ratio", "pim_mode",
+KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "all2all_backend", "replicas", "pd", "pd_ratio",
+              "pim_mode",
               "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
               "enable_chunked_prefill", "routing_policy", "collective_algorithm")
@@ -62,7 +64,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
     "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
     "sub_batch_interleaving": False,
-    "routing_policy": "LOAD",
+    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0],
 }
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -144,6 +146,9 @@ def _check_value(name: str, v: Any, where: str) -> Any:
     if name == "collective_algorithm" and v not in COLLECTIVE_ALGORITHMS:
         raise InputError(f"{where}: unknown collective_algorithm {v!r}; "
                          f"allowed: {_allowed(COLLECTIVE_ALGORITHMS)}")
+    if name == "all2all_backend" and v not in ALL2ALL_BACKENDS:
+        raise InputError(f"{where}: unknown all2all_backend {v!r}; allowed: "
+                         f"{_allowed(ALL2ALL_BACKENDS)}")
     if name == "routing_policy":
         known = simapi.routing_policies()
         if known is not None and v not in known:
@@ -273,6 +278,9 @@ class Space:
         """Whether ``name`` applies given the knobs chosen so far (conditional knobs)."""
         if name == "ep":
             return self.is_moe
+        if name == "all2all_backend":
+            # the MoE exchange across a DP group; nothing to exchange without one
+            return self.is_moe and int(params.get("dp", 1)) > 1
         if name == "pd_ratio":
             return bool(params.get("pd", False))
         if name == "prefix_sharing":
@@ -312,6 +320,8 @@ class Space:
             out["pd_ratio"] = "1:1"
         if not self.is_moe:
             out["ep"] = 1
+        if not self.is_moe or int(out.get("dp", 1)) == 1:
+            out["all2all_backend"] = KNOB_DEFAULTS["all2all_backend"]
         if out.get("prefix_tier", "npu") == "npu":
             out["prefix_sharing"] = False
         hw = out["hardware"]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
+from sim.options import ALL2ALL_BACKENDS
 
 
 def _add_run(sub) -> None:
@@ -57,6 +58,9 @@ def _add_run(sub) -> None:
                    help="NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
     p.add_argument("--expert-routing-policy", default="RAND",
                    help="MoE gate policy: BALANCED, RR, RAND or a registered one")
+    p.add_argument("--all2all-backend", default=ALL2ALL_BACKENDS[0], choices=ALL2ALL_BACKENDS,
+                   help="how MoE layers exchange tokens across a DP group (vLLM's "
+                        "all2all_backend; default: vLLM 0.19's allgather_reducescatter)")
     p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
     p.add_argument("--request-routing-policy", default="LOAD")
     p.add_argument("--latency-provider", default="auto",
@@ -92,6 +96,7 @@ def _run(args) -> int:
         enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
         enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,
         expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
+        all2all_backend=args.all2all_backend,
         routing_policy=args.request_routing_policy, seed=args.seed,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,
@@ -165,7 +170,7 @@ def _profiles(args) -> int:
 def _add_astra_config(sub) -> None:
     p = sub.add_parser("astra-config",
                        help="write ASTRA-Sim input files (network.yml, system.json, memory.json) "
-                            "for a cluster")
+                            "and npus.json (each instance's NPU ids) for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
     from sim.topology import ALGORITHMS
@@ -183,11 +188,13 @@ def _astra_config(args) -> int:
 
     cluster = sim.load_cluster(args.cluster)
     layout = build_layout(cluster, collective_impl=args.collective)
-    paths = write_layout(layout, args.out)
-    (Path(args.out) / "npus.json").write_text(json.dumps(
+    paths = dict(write_layout(layout, args.out))
+    paths["npus"] = Path(args.out) / "npus.json"
+    paths["npus"].write_text(json.dumps(
         {str(k): list(v) for k, v in layout.npus.items()}, indent=2) + "\n")
     print(f"{layout.num_npus} NPUs, topology {layout.network['topology']} "
-          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values()))
+          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values())
+          + " (npus.json: the NPU ids of each instance)")
     return 0
 
 

@@ -25,6 +25,7 @@ from sim.latency.base import LATENCY_PROVIDERS, BatchShape
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model
+from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
@@ -158,6 +159,11 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                         f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
                         f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
                         f"{getattr(first, field)!r}; members of a DP group must match")
+            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
+            if a != b:
+                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
+                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
+                                 f"has {b!r}; members of a DP group must match")
     for inst in cluster.instances:
         if inst.ep_size > 1:
             domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
@@ -410,9 +416,9 @@ class Simulator:
         self.cluster = cluster
         self.opts = opts
         self.instances = build_instances(cluster, opts)
-        self._a2a_cache: dict[tuple, int] = {}
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
+        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
@@ -623,9 +629,9 @@ class Simulator:
                 if not payload:
                     continue
                 lead = self.instances[members[0]]
-                if lead.model.is_moe and lead.config.ep_size > 1:
+                if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
                     by_idx = dict(payload)
-                    shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
+                    shapes = [by_idx[i].shape if i in by_idx else None for i in members]
                     dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
                     dur += _tier_loads_ns(self.instances, payload)
                 elif lead.pim is not None:
@@ -701,56 +707,12 @@ class Simulator:
         summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(all_reqs, summary, series)
 
-    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
+    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape | None],
                      gate) -> int:
-        """One lockstep step of an expert-parallel domain (a DP group, or one instance with
-        ep > 1): every member computes its own non-MoE layers; at each MoE layer the group's
-        tokens are dispatched to the EP ranks owning their experts (all-to-all), each rank
-        runs its experts (moe.csv at its token count and activated experts), and results
-        are combined (all-to-all). The step takes the slowest member's non-MoE time plus,
-        per layer, the slowest rank's MoE time and two all-to-alls."""
-        model = members[0].model
-        ep = members[0].config.ep_size
-        k = model.num_experts_per_tok
-        layers = model.num_hidden_layers
-        non_moe = 0
-        total_tokens = 0
-        max_tokens = 0
-        for inst, shape in zip(members, shapes):
-            prov = inst.provider
-            full = self.backend.iteration_ns(inst, shape)
-            local_moe = prov.moe_ns(shape.num_tokens,
-                                    prov.expected_active_experts(shape.num_tokens))
-            non_moe = max(non_moe, full - layers * local_moe)
-            total_tokens += shape.num_tokens
-            max_tokens = max(max_tokens, shape.num_tokens)
-        prov = members[0].provider
-        moe = 0
-        for assignments, active in gate.assign(total_tokens, model.num_experts, k, ep):
-            if assignments:
-                moe = max(moe, prov.moe_ns(-(-assignments // k), active))
-        # All-to-all: each member sends the (ep-1)/ep of its tokens' top-k activations that
-        # live on other ranks, in parallel over its own link.
-        bw, lat = _link(self.cluster, members[0].config, members[-1].config)
-        a2a = self._all_to_all_ns(ep, max_tokens * k * model.hidden_size * model.dtype_bytes,
-                                  bw, lat) if ep > 1 else 0
-        return int(non_moe + layers * (moe + 2 * a2a))
-
-    def _all_to_all_ns(self, ep: int, size: int, bw: float, lat: float) -> int:
-        """One expert-parallel all-to-all of ``size`` bytes per rank, simulated by the
-        backend on the EP ranks' network (memoised by size: decode steps repeat it)."""
-        key = (ep, size, bw, lat)
-        t = self._a2a_cache.get(key)
-        if t is None:
-            network = {"topology": ["FullyConnected"], "npus_count": [ep], "bandwidth": [bw],
-                       "latency": [lat]}
-            graphs = {}
-            for r in range(ep):
-                b = GraphBuilder(r)
-                b.all_to_all(size, involved_dim=[True], name="ep_all_to_all")
-                graphs[r] = b.build()
-            t = self._a2a_cache[key] = self.backend.run_graphs(network, graphs, name="a2a")
-        return t
+        """One lockstep step of an expert-parallel domain (a DP group serving an MoE model,
+        or one instance with ep > 1); ``shapes[i]`` is None for an idle member, which runs
+        a dummy batch. See ``sim.moe_wave``."""
+        return self.moe_wave.step_ns(members, shapes, gate)
 
     def describe(self) -> dict:
         kinds = sorted({i.provider.kind for i in self.instances})

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field, fields, replace
 
 from sim.errors import InputError
 
+#: vLLM 0.19's ParallelConfig.all2all_backend values the simulator models (the first is
+#: vLLM 0.19's default)
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput",
+                    "deepep_low_latency")
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -48,6 +53,14 @@ class SimOptions:
     enable_sub_batch_interleaving: bool = False
     #: MoE expert-gate policy (BALANCED, RR, RAND or a registered one)
     expert_routing_policy: str = "RAND"
+    #: how MoE layers exchange tokens across a DP group (vLLM's all2all_backend):
+    #: allgather_reducescatter (vLLM 0.19's default), naive, deepep_high_throughput,
+    #: deepep_low_latency
+    all2all_backend: str = "allgather_reducescatter"
+    #: largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to a common
+    #: token count when all of them run a graph. None: vLLM's default, min(2 * max_num_seqs,
+    #: 512); 0: eager mode (no graphs, no DP padding)
+    max_cudagraph_capture_size: int | None = None
     #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
     pd_decode_policy: str = "LOAD"
     seed: int = 0
@@ -116,6 +129,13 @@ class SimOptions:
         except ValueError:
             raise InputError(f"option vllm_version must look like 0.19.0, got "
                              f"{self.vllm_version!r}") from None
+        if self.all2all_backend not in ALL2ALL_BACKENDS:
+            raise InputError(f"all2all_backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
+                             f"got {self.all2all_backend!r}")
+        cap = self.max_cudagraph_capture_size
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise InputError("option max_cudagraph_capture_size must be an integer >= 0 (0 = "
+                             f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
 

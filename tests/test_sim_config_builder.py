@@ -50,6 +50,8 @@ def test_cli_writes_files_astra_sim_reads(tmp_path):
     assert [d.bandwidth for d in net.dims] == pytest.approx([400 * 1e9 / 2**30, 25 * 1e9 / 2**30])
     assert SystemConfig.load(out / "system.json").all_reduce_impl == ("ring", "ring")
     assert json.loads((out / "npus.json").read_text())["3"] == [6, 7]
+    for f in out.iterdir():  # the message names every file it wrote
+        assert str(f) in proc.stdout, f.name
 
 
 def _h100_cluster(tp=4, pp=1, **top):

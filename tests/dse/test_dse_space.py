@@ -40,6 +40,8 @@ BAD_CASES = [
     ({"slo": {"p99_ttft_ms": -5}}, ["slo.p99_ttft_ms", "> 0"]),
     ({"search": {"sampler": "bayes"}}, ["search.sampler", "bayes", "nsga2, tpe, random, grid"]),
     ({"knobs": {"ep": [1, 2]}}, ["knobs.ep", "MoE", "dense"]),
+    ({"knobs": {"all2all_backend": ["naive", "pplx"]}},
+     ["knobs.all2all_backend", "pplx", "allgather_reducescatter, naive"]),
     ({"knobs": {"pd_ratio": ["1:1"]}}, ["knobs.pd_ratio", "pd"]),
     ({"knobs": {"pd": [False, True], "pd_ratio": ["1-1"]}}, ["knobs.pd_ratio", "P:D"]),
     ({"knobs": {"pim_mode": ["off", "local"]}}, ["knobs.pim_mode", "no PIM"]),
@@ -151,3 +153,19 @@ def test_dse_collective_algorithm_knob_reaches_the_cluster_file():
     by_algo = {p["collective_algorithm"]: build_cluster(s, s.complete(p)) for p in s.grid()}
     assert by_algo["direct"]["collective_algorithm"] == "direct"
     assert "collective_algorithm" not in by_algo["ring"]  # ring is the cluster default
+def test_dse_all2all_backend_applies_to_moe_dp_groups_only():
+    from dse.config import make_trial_config, vllm_command
+
+    space = load_space("search_spaces/moe.yaml")
+    assert "all2all_backend" in space.searched_knobs
+    assert not space.active("all2all_backend", {"dp": 1})
+    assert space.active("all2all_backend", {"dp": 2})
+    one = space.complete({"dp": 1, "all2all_backend": "naive"})
+    assert one["all2all_backend"] == "allgather_reducescatter"
+    params = {"tp": 1, "ep": 2, "dp": 2, "replicas": 2, "all2all_backend": "naive"}
+    cfg = make_trial_config(space, 0, params)
+    assert cfg.options["all2all_backend"] == "naive"
+    assert {i["dp_group"] for n in cfg.cluster["nodes"] for i in n["instances"]} == {"dp0"}
+    assert "--all2all-backend naive" in vllm_command(space, params)
+    dense = parse_space(yaml.safe_load(yaml.safe_dump(BASE_SPACE)), "x.yaml")
+    assert dense.complete({"dp": 2})["all2all_backend"] == "allgather_reducescatter"
