@@ -60,6 +60,9 @@ def simulate_validation(folder: Path, latency_provider: str = "measured") -> tup
                           max_num_batched_tokens=kw["max_num_batched_tokens"],
                           block_size=kv.get("block_size", 16),
                           enable_prefix_caching=kv.get("enable_prefix_caching", True),
+                          vllm_version=meta.get("vllm_version", "0.19.0"),
+                          async_scheduling=meta.get("resolved_config", {}).get(
+                              "scheduler_config", {}).get("async_scheduling"),
                           latency_provider=latency_provider, **_resolved_moe_options(meta))
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
     result = sim.simulate(cluster, workload, opts)

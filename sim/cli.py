@@ -46,6 +46,14 @@ def _add_run(sub) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's scheduler_reserve_full_isl admission rule")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's async scheduling (default: as the simulated --vllm-version)")
+    p.add_argument("--vllm-version", default="0.19.0",
+                   help="vLLM release whose defaults are simulated (default 0.19.0)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="waiting order and preemption victim (requests' 'priority' field)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="reject prompts of this many tokens or more; outputs stop there")
     p.add_argument("--prefix-storage", default=None, choices=["CPU", "CXL"],
                    help="keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)")
     p.add_argument("--enable-prefix-sharing", action="store_true",
@@ -94,6 +102,8 @@ def _run(args) -> int:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
+        async_scheduling=args.async_scheduling, vllm_version=args.vllm_version,
+        scheduling_policy=args.scheduling_policy, max_model_len=args.max_model_len,
         prefix_storage=args.prefix_storage, enable_prefix_sharing=args.enable_prefix_sharing,
         enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
         enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,

@@ -411,6 +411,7 @@ def _fresh_requests(workload: Workload) -> list[Request]:
         while r is not None:
             c = Request(r.rid, r.arrival_ns, r.input_len, r.output_len, r.input_ids, r.output_ids,
                         r.session_id, r.sub_index, r.tool_ns)
+            c.priority = r.priority
             if prev is None:
                 out.append(c)
             else:
@@ -499,10 +500,44 @@ class Simulator:
         inflight_count = [0] * n_units
         free_at = [0] * n_units
         depth = [self.instances[m[0]].pp for m in units]
+        # Async scheduling (vLLM's batch queue of 2): step N+1 is scheduled while step N
+        # runs and starts when N ends; a unit schedules again only after a step of its own
+        # completes (or right after scheduling one), so arrivals wait for that point.
+        async_unit = [self.instances[m[0]].opts.async_enabled and depth[u] == 1
+                      for u, m in enumerate(units)]
+        for u, a in enumerate(async_unit):
+            if a:
+                depth[u] = 2
+        busy_until = [0] * n_units
+        may_chain = [False] * n_units
+        # Pipeline stages keep batches in order: one leaves the last stage after the one
+        # before it (a short decode step cannot overtake a long prefill chunk).
+        last_out = [0] * n_units
         gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
                                     source="expert_routing_policy")
         now = 0
         remaining = len(all_reqs)
+        max_len = opts.max_model_len
+        rejected: list[Request] = []
+
+        def route(req: Request) -> None:
+            nonlocal remaining
+            if max_len is not None and req.input_len >= max_len:
+                # vLLM refuses a prompt that leaves no room to generate (and its session's
+                # later turns, which would extend it); a closed-loop client moves on.
+                r = req
+                while r is not None:
+                    r.rejected = True
+                    rejected.append(r)
+                    remaining -= 1
+                    r = r.next_sub
+                if clients > 0 and backlog:
+                    nxt = backlog.pop()
+                    nxt.arrival_ns = req.arrival_ns
+                    nxt.client_id = req.client_id
+                    heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
+                return
+            entry_scheds[router.choose(req, entry_scheds)].add_request(req)
         max_time = opts.max_sim_time_ns
         progress = _Progress(len(all_reqs)) if opts.progress else None
         while remaining > 0:
@@ -520,13 +555,19 @@ class Simulator:
             # 2. Route arrivals.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
+                route(req)
             # 3. Retire iterations that end now.
             while in_flight and in_flight[0][0] <= now:
                 end, _, unit, payload = heapq.heappop(in_flight)
                 if payload is None:
                     continue
+                if payload.__class__ is Request:
+                    # A PD KV transfer has landed: the prefill side frees the blocks it kept.
+                    schedulers[payload.prefill_instance].release_handoff(payload.handoff_blocks)
+                    payload.handoff_blocks = None
+                    continue
                 inflight_count[unit] -= 1
+                may_chain[unit] = True
                 for idx, batch in payload:
                     sch = schedulers[idx]
                     finished = sch.complete(batch, end, itl)
@@ -554,11 +595,14 @@ class Simulator:
             # Arrivals released at exactly `now` by completions are routed before scheduling.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
+                route(req)
             # 4. Idle units schedule their next batch (every member of a DP group at once).
             for unit, members in enumerate(units):
                 if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
                     continue
+                if async_unit[unit] and inflight_count[unit] and not may_chain[unit]:
+                    continue
+                may_chain[unit] = False
                 payload = []
                 for idx in members:
                     inst = self.instances[idx]
@@ -567,7 +611,7 @@ class Simulator:
                         for req in inst.scheduler.admitted_transfers:
                             src = self.instances[req.prefill_instance]
                             t, nbytes = kv_transfer_ns(backend, self.cluster, src, inst,
-                                                       req.num_tokens - 1)
+                                                       req.kv_transfer_tokens)
                             req.ready_ns = now + t
                             req.kv_transfer_ns = t
                             transfers_ns.append(t)
@@ -575,12 +619,13 @@ class Simulator:
                             if power.enabled:
                                 power.add_link_bytes(src.config.node_id, now, nbytes)
                             seq += 1
-                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], None))
+                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], req))
                         inst.scheduler.admitted_transfers.clear()
                     if batch is not None:
                         payload.append((idx, batch))
                     elif (inst.scheduler.waiting and not inst.scheduler.running
-                          and inflight_count[unit] == 0):
+                          and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
+                          and not inst.scheduler.receiving):
                         head = inst.scheduler.waiting[0]
                         o = inst.opts
                         if (not o.enable_chunked_prefill and o.max_num_batched_tokens
@@ -611,18 +656,31 @@ class Simulator:
                     dur = backend.iteration_ns(lead, payload[0][1].shape,
                                                payload[0][1].tier_load_bytes)
                 dur = max(1, dur)
+                start = now
+                if async_unit[unit]:
+                    start = busy_until[unit] if busy_until[unit] > now else now
+                    busy_until[unit] = start + dur
+                    may_chain[unit] = True  # vLLM schedules the next step right away
+                    seq += 1
+                    heapq.heappush(in_flight, (now, seq, unit, None))
+                end = start + dur
+                if depth[unit] > 1 and not async_unit[unit]:
+                    out = last_out[unit] + max(1, dur // depth[unit])
+                    if out > end:
+                        end = out
+                    last_out[unit] = end
                 if power.enabled:
                     by_idx = dict(payload)
                     for i in members:
                         shape = by_idx[i].shape if i in by_idx else DUMMY_SHAPE
                         inst_i = self.instances[i]
                         steps.setdefault(inst_i.instance_id, []).append(
-                            (now, now + dur, iteration_memory_bytes(inst_i, shape),
+                            (start, start + dur, iteration_memory_bytes(inst_i, shape),
                              iteration_link_bytes(inst_i, shape)))
                 inflight_count[unit] += 1
                 seq += 1
-                heapq.heappush(in_flight, (now + dur, seq, unit, payload))
-                if depth[unit] > 1:
+                heapq.heappush(in_flight, (end, seq, unit, payload))
+                if depth[unit] > 1 and not async_unit[unit]:
                     # Equal stages: the next batch may enter stage 0 after one stage time.
                     free_at[unit] = now + max(1, dur // depth[unit])
                     seq += 1
@@ -649,6 +707,7 @@ class Simulator:
             summary["energy_per_output_token_j"] = energy["energy_j"] / gen if gen else None
             summary["avg_power_w"] = energy["energy_j"] / (now / 1e9) if now else None
             series.power = power.power_series()
+        summary["rejected_requests"] = len(rejected)
         summary["kv_transfers"] = len(transfers_ns)
         summary["kv_transfer_bytes"] = transfer_bytes
         summary["kv_transfer_ms"] = stats_ms(transfers_ns) if transfers_ns else None

@@ -29,6 +29,16 @@ class SimOptions:
     #: vLLM's scheduler_reserve_full_isl: admit a waiting request only if its whole
     #: sequence fits in free KV blocks, not merely its first chunk
     reserve_full_isl: bool = True
+    #: vLLM's async scheduling (step N+1 is scheduled before step N's outputs are
+    #: processed); None follows the simulated vLLM version (on from 0.14, as in 0.19)
+    async_scheduling: bool | None = None
+    #: the vLLM release whose defaults are simulated where rules changed between releases
+    vllm_version: str = "0.19.0"
+    #: waiting-queue order and preemption victim: "fcfs" or "priority" (vLLM's policy)
+    scheduling_policy: str = "fcfs"
+    #: longest sequence (prompt + output); longer prompts are rejected, outputs stop
+    #: there. None: no limit beyond the KV capacity
+    max_model_len: int | None = None
     #: lower prefix-cache tier for blocks evicted from the NPU: None, "CPU" or "CXL"
     prefix_storage: str | None = None
     #: all instances of a node share one lower-tier pool
@@ -76,6 +86,13 @@ class SimOptions:
     progress: bool = False
     extra: dict = field(default_factory=dict)
 
+    @property
+    def async_enabled(self) -> bool:
+        """Whether async scheduling is on: the option, or the simulated version's default."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return _version_tuple(self.vllm_version) >= (0, 14)
+
     def replace(self, **kw) -> SimOptions:
         return replace(self, **kw)
 
@@ -112,6 +129,18 @@ class SimOptions:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(f"option kv_cache_dtype: {self.kv_cache_dtype!r} is not modelled; "
                              f"allowed: {', '.join(KV_CACHE_DTYPES)}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise InputError(f"option scheduling_policy must be fcfs or priority, got "
+                             f"{self.scheduling_policy!r}")
+        if self.max_model_len is not None and (
+                not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise InputError(f"option max_model_len must be an integer >= 2, got "
+                             f"{self.max_model_len!r}")
+        try:
+            _version_tuple(self.vllm_version)
+        except ValueError:
+            raise InputError(f"option vllm_version must look like 0.19.0, got "
+                             f"{self.vllm_version!r}") from None
         if self.all2all_backend not in ALL2ALL_BACKENDS:
             raise InputError(f"all2all_backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
                              f"got {self.all2all_backend!r}")
@@ -121,6 +150,10 @@ class SimOptions:
                              f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(v).split(".")[:3])
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))
