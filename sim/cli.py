@@ -52,6 +52,10 @@ def _add_run(sub) -> None:
                    help="vLLM release whose defaults are simulated (default 0.19.0)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="waiting order and preemption victim (requests' 'priority' field)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's gpu_memory_utilization for every instance, in place of the "
+                        "cluster file's npu_mem.mem_util (the KV capacity follows as vLLM "
+                        "derives it)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="reject prompts of this many tokens or more; outputs stop there")
     p.add_argument("--prefix-storage", default=None, choices=["CPU", "CXL"],
@@ -95,7 +99,12 @@ def _run(args) -> int:
 
     if args.num_reqs is not None and args.num_reqs < 1:
         raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
+    util = args.gpu_memory_utilization
+    if util is not None and not 0.0 < util <= 1.0:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     cluster = sim.load_cluster(args.cluster)
+    if util is not None:
+        cluster = cluster.with_mem_util(util)
     workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
     opts = SimOptions(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -111,3 +111,30 @@ def test_validation_cluster_derives_vllm_blocks_at_the_runs_utilisation():
     inst = replace(inst, num_gpu_blocks_override=None)
     assert kv_capacity_blocks(inst, load_model(LLAMA), 16, 2048, 256) == pytest.approx(
         2588, rel=0.01)
+
+
+def test_cli_gpu_memory_utilization_replaces_the_cluster_files_mem_util(tmp_path):
+    """`llmsim run --gpu-memory-utilization 0.9` on the validation cluster (whose file carries
+    a calibrated 0.833919) derives vLLM's block count; out-of-range values exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from sim.paths import shared_data_root
+    root = shared_data_root()
+    cluster = root / "validation/RTX4090-Llama-3.1-8B/cluster.json"
+    if not cluster.exists():
+        pytest.skip(f"shared validation data not available: {cluster} is missing")
+    base = [sys.executable, "-m", "sim", "run", "--cluster", str(cluster), "--dataset",
+            str(root / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl"), "--num-reqs", "5",
+            "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]
+    out = tmp_path / "r.csv"
+    proc = subprocess.run(base + ["--gpu-memory-utilization", "0.9", "--output", str(out)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert abs(summary["kv_blocks"]["0"] - 2588) / 2588 < 0.01
+    bad = subprocess.run(base + ["--gpu-memory-utilization", "1.5", "--output", str(out)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "--gpu-memory-utilization" in bad.stderr
+    assert "Traceback" not in bad.stderr
