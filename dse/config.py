@@ -19,7 +19,7 @@ from sim.errors import InputError
 #: knobs that become SimOptions fields (the rest shape the cluster)
 OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
                 "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                "routing_policy")
+                "routing_policy", "all2all_backend")
 
 
 def devices_per_instance(params: dict) -> int:
@@ -88,6 +88,8 @@ def build_cluster(space: Space, params: dict) -> dict:
         else (info.link_latency_ns or 0),
         "nodes": nodes,
     }
+    if params.get("collective_algorithm", "ring") != "ring":
+        out["collective_algorithm"] = params["collective_algorithm"]
     if params.get("prefix_tier", "npu") == "cxl":
         # A CXL memory expander for the lower prefix tier (space cluster defaults may override).
         out["cxl_mem"] = cd.get("cxl_mem") or {"mem_size": 512, "mem_bw": 64, "mem_latency": 250,
@@ -115,6 +117,10 @@ def default_power_block(hw: str, info) -> dict:
 def sim_options(space: Space, params: dict) -> dict:
     """Keyword arguments for ``sim.SimOptions``."""
     opts = {k: params[k] for k in OPTION_KNOBS if k in params}
+    if params.get("quantization", "none") != "none":
+        opts["quantization"] = params["quantization"]
+    if params.get("kv_cache_dtype", "auto") != "auto":
+        opts["kv_cache_dtype"] = params["kv_cache_dtype"]
     opts["latency_provider"] = space.simulator["latency_provider"]
     opts["backend"] = space.simulator["backend"]
     opts["seed"] = space.simulator["seed"]
@@ -223,10 +229,16 @@ def vllm_command(space: Space, params: dict) -> str:
             else "--no-enable-prefix-caching",
             "--enable-chunked-prefill" if p["enable_chunked_prefill"]
             else "--no-enable-chunked-prefill"]
+    if p.get("quantization", "none") != "none":
+        args += ["--quantization", p["quantization"]]
+    if p.get("kv_cache_dtype", "auto") != "auto":
+        args += ["--kv-cache-dtype", p["kv_cache_dtype"]]
     if p.get("long_prefill_token_threshold"):
         args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
     if space.is_moe and int(p.get("ep", 1)) > 1:
         args += ["--enable-expert-parallel"]
+    if space.is_moe and int(p.get("dp", 1)) > 1:
+        args += ["--data-parallel-size", str(p["dp"]), "--all2all-backend", p["all2all_backend"]]
     mem_util = space.cluster_defaults.get("mem_util")
     if mem_util:
         args += ["--gpu-memory-utilization", f"{mem_util:g}"]

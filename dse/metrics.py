@@ -102,6 +102,8 @@ def objective_values(space: Space, summary: dict, slo_eval: dict, devices: int,
         else None,
         "devices_used": float(devices),
         "avg_power": float(summary["avg_power_w"]) if summary.get("avg_power_w") else None,
+        # latency lookups the provider's data did not cover (extrapolated): 0 is trustworthy
+        "off_grid_lookups": float(summary.get("latency_off_grid_lookups") or 0),
     }
     return out
 

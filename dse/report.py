@@ -6,7 +6,6 @@ depends on the driver having finished cleanly.
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from dse import metrics as M
-from dse.config import make_trial_config, vllm_command
+from dse.canonical import config_key
+from dse.config import make_trial_config
 from dse.space import KNOBS, Space
 
 
@@ -32,7 +32,8 @@ def trials_frame(space: Space, study) -> pd.DataFrame:
             continue
         ua = t.user_attrs
         params = space.complete(dict(t.params))
-        row: dict[str, Any] = {"trial": t.number, "state": t.state.name}
+        row: dict[str, Any] = {"trial": t.number, "state": t.state.name,
+                               "config": config_key(space, params)}
         for k in params:
             if not k.startswith("_"):
                 row[k] = params[k]
@@ -66,20 +67,23 @@ def trials_frame(space: Space, study) -> pd.DataFrame:
 
 
 def pareto_frame(space: Space, df: pd.DataFrame) -> pd.DataFrame:
-    """Non-dominated FEASIBLE trials only."""
+    """Non-dominated FEASIBLE trials, one row per distinct configuration (canonical form:
+    knobs with no effect never make two rows), the lowest trial number standing for it;
+    ``repeats`` counts the trials that evaluated the same configuration."""
     if df.empty:
         return df
     names = [o.name for o in space.objectives]
     feas = df[(df["state"] == "COMPLETE") & df["feasible"]].dropna(subset=names)
     if feas.empty:
         return feas
+    repeats = feas.groupby("config").size()
+    feas = feas.sort_values("trial").drop_duplicates(subset="config")
     mask = M.pareto_mask(feas[names].to_numpy(float), [o.direction for o in space.objectives])
-    front = feas[mask]
-    # one row per distinct configuration (repeats of a config give the same point)
-    knob_cols = [c for c in front.columns if c in KNOBS]
-    front = front.drop_duplicates(subset=knob_cols + names)
+    front = feas[mask].copy()
+    front["repeats"] = front["config"].map(repeats).astype(int)
     o = space.objectives[0]
-    return front.sort_values(o.name, ascending=o.direction == "minimize").reset_index(drop=True)
+    return front.sort_values([o.name, "trial"], ascending=[o.direction == "minimize", True]) \
+        .reset_index(drop=True)
 
 
 def write_results(space: Space, study, out: Path) -> dict[str, Any]:
@@ -87,35 +91,122 @@ def write_results(space: Space, study, out: Path) -> dict[str, Any]:
     df.to_csv(out / "trials.csv", index=False)
     front = pareto_frame(space, df)
     front.to_csv(out / "pareto.csv", index=False)
-    best_dir = out / "best"
-    exported = export_best(space, front, best_dir)
-    (out / "report.html").write_text(render_html(space, df, front, exported))
-    return {"trials": len(df), "pareto_count": len(front)}
+    exported = export_best(space, front, out / "best")
+    _write_plotlyjs(out)
+    cdf = request_tables(out, list(front["trial"]) if len(front) else [])
+    from dse.report_html import render_html
+
+    (out / REPORT).write_text(render_html(space, df, front, exported, cdf))
+    return {"trials": len(df), "pareto_count": len(front), "exported": len(exported)}
 
 
-def export_best(space: Space, front: pd.DataFrame, best_dir: Path, limit: int = 10) -> dict:
-    """Each Pareto configuration as cluster JSON and as a ``vllm serve`` command."""
+def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, dict]:
+    """Every distinct Pareto configuration as cluster JSON, deploy script and benchmark."""
+    from dse.export import export_config
+
     best_dir.mkdir(parents=True, exist_ok=True)
     for old in best_dir.glob("trial_*"):
         old.unlink()
-    out = {}
-    knob_names = set(KNOBS)
-    for _, row in front.head(limit).iterrows():
-        params = {k: _py(row[k]) for k in row.index if k in knob_names and not _isnan(row[k])}
+    out: dict[int, dict] = {}
+    names = [o.name for o in space.objectives]
+    workload = None
+    rows = []
+    for _, row in front.iterrows():
+        params = {k: _py(row[k]) for k in row.index if k in KNOBS and not _isnan(row[k])}
         cfg = make_trial_config(space, int(row["trial"]), params)
-        stem = f"trial_{int(row['trial']):04d}"
-        (best_dir / f"{stem}.cluster.json").write_text(json.dumps(cfg.cluster, indent=2))
-        cmd = vllm_command(space, cfg.params)
-        n = cfg.summary["num_instances"]
-        note = (f"# {n} replica(s) of this instance on {cfg.devices_used} x "
-                f"{cfg.params['hardware']}; put a load balancer in front.\n")
-        if cfg.params.get("pd"):
-            note += ("# PD disaggregation: "
-                     f"{cfg.summary.get('prefill_instances')} prefill / "
-                     f"{n - cfg.summary.get('prefill_instances', 0)} decode instances.\n")
-        (best_dir / f"{stem}.vllm.sh").write_text("#!/bin/sh\n" + note + cmd + "\n")
-        out[int(row["trial"])] = cmd
+        if workload is None:
+            workload = _workload(space)
+        objs = {n: float(row[n]) for n in names}
+        out[cfg.number] = export_config(space, cfg, objs, best_dir, workload)
+        rows.append({"trial": cfg.number, **objs, "config": row["config"],
+                     "serve": f"{out[cfg.number]['stem']}.serve.sh",
+                     "bench": f"{out[cfg.number]['stem']}.bench.sh",
+                     "cluster": f"{out[cfg.number]['stem']}.cluster.json"})
+    pd.DataFrame(rows).to_csv(best_dir / "index.csv", index=False)
     return out
+
+
+def _workload(space: Space):
+    import sim
+
+    wl = space.workload
+    if wl["kind"] == "file":
+        return sim.load_jsonl(wl["path"], limit=wl.get("limit"))
+    return sim.generate(sim.workload_from_mapping(dict(wl["spec"])))
+
+
+REPORT = "report.html"
+PLOTLY_JS = "plotly.min.js"
+
+
+def _write_plotlyjs(out: Path) -> None:
+    """plotly.js once, beside the report (the page loads it by relative path)."""
+    import plotly
+
+    src = Path(plotly.__file__).parent / "package_data" / PLOTLY_JS
+    dst = out / PLOTLY_JS
+    if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+        dst.write_bytes(src.read_bytes())
+
+
+def request_tables(out: Path, trials: list[int], max_points: int = 400) -> dict[int, dict]:
+    """TTFT and TPOT (ms, sorted) of the given trials from their per-request tables, which
+    the study logs as MLflow artifacts (``requests.csv`` of each trial's run). At most
+    ``max_points`` quantiles per series keep the page small. Empty when there is no store."""
+    meta_path = out / "study.json"
+    if not trials or not meta_path.exists():
+        return {}
+    meta = json.loads(meta_path.read_text())
+    uri, parent = meta.get("tracking_uri"), meta.get("mlflow_parent_run_id")
+    if not uri or not parent:
+        return {}
+    import os
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+    client = MlflowClient(tracking_uri=uri)
+    wanted = {str(t) for t in trials}
+    runs = client.search_runs([meta["experiment_id"]], max_results=50000,
+                              filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    tables: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="dse-req-") as tmp:
+        for r in runs:
+            num = r.data.tags.get("dse.trial_number")
+            if num not in wanted or int(num) in tables:
+                continue
+            path = _artifact(client, r, "requests.csv", tmp)
+            if path is None:
+                continue
+            req = pd.read_csv(path, usecols=["ttft_ns", "tpot_ns", "output_tokens"])
+            tables[int(num)] = {
+                "ttft_ms": _quantiles(req["ttft_ns"].to_numpy(float) / 1e6, max_points),
+                "tpot_ms": _quantiles(req.loc[req["output_tokens"] > 1, "tpot_ns"]
+                                      .to_numpy(float) / 1e6, max_points)}
+    return tables
+
+
+def _artifact(client, run, name: str, tmp: str) -> str | None:
+    """A run's artifact file: read in place from a local store, else downloaded."""
+    from urllib.parse import unquote, urlparse
+
+    uri = run.info.artifact_uri or ""
+    if uri.startswith("file:"):
+        local = Path(unquote(urlparse(uri).path)) / name
+        return str(local) if local.exists() else None
+    try:
+        return client.download_artifacts(run.info.run_id, name, tmp)
+    except Exception:  # noqa: BLE001 - a trial without its table is left out
+        return None
+
+
+def _quantiles(x: np.ndarray, n: int) -> np.ndarray:
+    x = np.sort(x[np.isfinite(x)])
+    if len(x) <= n:
+        return x
+    return np.quantile(x, np.linspace(0, 1, n))
 
 
 def _py(v):
@@ -126,114 +217,6 @@ def _py(v):
 
 def _isnan(v) -> bool:
     return isinstance(v, float) and np.isnan(v)
-
-
-# ------------------------------------------------------------------ HTML
-_STYLE = ("<style>body{font-family:sans-serif;margin:2em;max-width:1400px}"
-          "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-          "padding:3px 6px}code{font-size:12px}</style></head><body>")
-def render_html(space: Space, df: pd.DataFrame, front: pd.DataFrame, exported: dict) -> str:
-    import plotly.express as px
-    import plotly.graph_objects as go
-
-    figs: list[tuple[str, Any]] = []
-    names = [o.name for o in space.objectives]
-    dirs = {o.name: o.direction for o in space.objectives}
-    if not df.empty:
-        done = df[df["state"] == "COMPLETE"].copy()
-        done["status"] = np.where(done["rejected"], "rejected",
-                                  np.where(done["feasible"], "feasible", "violates SLO"))
-        done["pareto"] = done["trial"].isin(front["trial"]) if len(front) else False
-        shown = done[~done["rejected"]]
-        hover = ["trial"] + space.searched_knobs
-        if len(names) >= 2 and len(shown):
-            fig = px.scatter(shown, x=names[0], y=names[1], color="status",
-                             symbol="pareto", hover_data=hover,
-                             title=f"Pareto front: {names[0]} ({dirs[names[0]]}) vs "
-                                   f"{names[1]} ({dirs[names[1]]})")
-            if len(front) > 1:
-                f2 = front.sort_values(names[0])
-                fig.add_trace(go.Scatter(x=f2[names[0]], y=f2[names[1]], mode="lines",
-                                         name="front", line={"dash": "dot"}))
-            figs.append(("Pareto front", fig))
-            if len(names) > 2:
-                figs.append(("All objectives", px.scatter_matrix(
-                    shown, dimensions=names, color="status", title="Objectives, pairwise")))
-        elif len(shown):
-            figs.append(("Objective by trial", px.scatter(shown, x="trial", y=names[0],
-                                                          color="status")))
-        for knob in space.searched_knobs:
-            if len(shown) and knob in shown:
-                for name in names:
-                    figs.append((f"{name} vs {knob}", px.strip(
-                        shown, x=knob, y=name, color="status", hover_data=["trial"],
-                        title=f"{name} vs {knob}")))
-        slo_cols = [c for c in done.columns if c.startswith("constraint.")
-                    and c != f"constraint.{M.VALID_KEY}"]
-        if slo_cols and len(shown):
-            long = shown.melt(id_vars=["trial", "status"], value_vars=slo_cols,
-                              var_name="slo", value_name="violation")
-            long["slo"] = long["slo"].str.removeprefix("constraint.")
-            fig = px.scatter(long, x="trial", y="violation", color="slo",
-                             title="SLO constraints per trial (<= 0 meets the SLO; "
-                                   "value/limit - 1)")
-            fig.add_hline(y=0, line_dash="dash")
-            figs.append(("SLO attainment", fig))
-        if space.attainment is not None and len(shown):
-            fig = px.histogram(shown, x="attainment", color="status", nbins=20,
-                               title=f"Per-request SLO attainment (target "
-                                     f"{space.attainment.target:.0%})")
-            fig.add_vline(x=space.attainment.target, line_dash="dash")
-            figs.append(("Attainment", fig))
-    providers = sorted(set(df.get("latency_provider", pd.Series(dtype=str)).dropna()) - {""})
-    sources = sorted(set(df.get("latency_source", pd.Series(dtype=str)).dropna()) - {""})
-    n_done = int((df["state"] == "COMPLETE").sum()) if len(df) else 0
-    n_feas = int(df["feasible"].sum()) if len(df) else 0
-    n_rej = int(df["rejected"].sum()) if len(df) else 0
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>dse report: {html.escape(space.name)}</title>",
-        _STYLE,
-        f"<h1>Search: {html.escape(space.name)}</h1>",
-        (f"<p>Model <b>{html.escape(space.model)}</b> on "
-         f"<b>{html.escape(', '.join(space.hardware))}</b>, budget {space.total_devices} devices "
-         f"({space.devices_per_node} per node). Trials: {n_done} complete, {n_feas} feasible, "
-         f"{n_rej} rejected before simulation; Pareto front: {len(front)}.</p>"),
-        (f"<p><b>Latency source:</b> {html.escape(', '.join(providers) or 'n/a')} "
-         f"({html.escape('; '.join(sources) or 'n/a')}).</p>"),
-        f"<p>SLOs: {html.escape(json.dumps(space.slo))}"
-        + (f"; attainment target {space.attainment.target:.0%} of requests within "
-           f"{html.escape(json.dumps({k: v for k, v in vars(space.attainment).items() if k != 'target' and v}))}"
-           if space.attainment else "") + "</p>",
-        f"<p>Objectives: {html.escape(', '.join(f'{o.name} ({o.direction})' for o in space.objectives))}</p>",
-        "<h2>Best configurations (Pareto front, feasible only)</h2>",
-    ]
-    if len(front):
-        cols = ["trial", *names, *space.searched_knobs, "devices_used", "attainment",
-                "ttft_ms.p99", "tpot_ms.p99"]
-        cols = [c for c in dict.fromkeys(cols) if c in front.columns]
-        parts.append(front[cols].to_html(index=False, float_format=lambda v: f"{v:.4g}"))
-        parts.append("<h3>Equivalent vLLM commands</h3><ul>")
-        for n, cmd in exported.items():
-            parts.append(f"<li>trial {n}: <code>{html.escape(cmd)}</code></li>")
-        parts.append("</ul><p>Cluster configs: <code>best/trial_*.cluster.json</code></p>")
-    else:
-        parts.append("<p><b>No feasible configuration.</b> Relax the SLOs or widen the "
-                     "knobs; see the reasons in trials.csv.</p>")
-    first = True
-    for title, fig in figs:
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
-        first = False
-    if n_rej:
-        rej = df[df["rejected"]].groupby("reason").size().sort_values(ascending=False)
-        parts.append("<h2>Rejected before simulation</h2><table><tr><th>reason</th>"
-                     "<th>trials</th></tr>")
-        for reason, count in rej.items():
-            parts.append(f"<tr><td>{html.escape(str(reason))}</td><td>{count}</td></tr>")
-        parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def load_study(out: Path):

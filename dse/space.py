@@ -20,8 +20,10 @@ from typing import Any
 
 import yaml
 
+from sim import ALL2ALL_BACKENDS
 from sim.errors import InputError
 from sim.options import VLLM_BLOCK_SIZES
+from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
 # ---------------------------------------------------------------- vocabularies
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -47,20 +49,28 @@ BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_s
               "sub_batch_interleaving")
 INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
              "long_prefill_token_threshold", "block_size")
-STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio")
+STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
+             "collective_algorithm", "all2all_backend", "quantization", "kv_cache_dtype")
+#: vLLM's --quantization values a space may search ("none": the checkpoint's own)
+QUANTIZATIONS = ("none", "fp8")
+#: vLLM's --kv-cache-dtype values a space may search
+KV_CACHE_DTYPES = ("auto", "fp8")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
-KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "replicas", "pd", "pd_ratio", "pim_mode",
+KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "all2all_backend", "replicas", "pd", "pd_ratio",
+              "pim_mode",
               "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
               "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
-              "enable_chunked_prefill", "routing_policy")
+              "enable_chunked_prefill", "routing_policy", "collective_algorithm", "quantization",
+              "kv_cache_dtype")
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
     "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
     "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
     "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
     "sub_batch_interleaving": False,
-    "routing_policy": "LOAD",
+    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0], "quantization": "none",
+    "kv_cache_dtype": "auto",
 }
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 #: a study name becomes the default folder runs/<name>: one path component, no traversal
@@ -68,8 +78,14 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 #: system backends: ``auto`` is a long-lived astra-sim process per Ray actor (the design's
 #: shape) and in-process ASTRA-Sim when trials run in the driver (``--workers 0``)
 BACKENDS = ("auto", "subprocess", "inproc")
-#: sim's latency providers a space may choose (``auto`` picks per instance)
-LATENCY_PROVIDERS = ("auto", "measured", "roofline", "aic")
+
+
+def latency_providers() -> list[str]:
+    """The latency providers a space may choose: sim's registry (``auto`` picks per
+    instance); the registry is the only list of names."""
+    from sim.latency.base import provider_names
+
+    return provider_names()
 
 
 def _allowed(names) -> str:
@@ -146,11 +162,22 @@ def _check_value(name: str, v: Any, where: str) -> Any:
         v = "off"  # "none" and "off" both mean no PIM offload
     if name == "pim_mode" and v not in PIM_MODES:
         raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
+    if name == "quantization" and v not in QUANTIZATIONS:
+        raise InputError(f"{where}: unknown quantization {v!r}; allowed: {_allowed(QUANTIZATIONS)}")
+    if name == "kv_cache_dtype" and v not in KV_CACHE_DTYPES:
+        raise InputError(f"{where}: unknown kv_cache_dtype {v!r}; allowed: "
+                         f"{_allowed(KV_CACHE_DTYPES)}")
     if name == "pd_ratio":
         m = _PD_RATIO.match(v)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
             raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
                              f"(e.g. '1:3'), got {v!r}")
+    if name == "collective_algorithm" and v not in COLLECTIVE_ALGORITHMS:
+        raise InputError(f"{where}: unknown collective_algorithm {v!r}; "
+                         f"allowed: {_allowed(COLLECTIVE_ALGORITHMS)}")
+    if name == "all2all_backend" and v not in ALL2ALL_BACKENDS:
+        raise InputError(f"{where}: unknown all2all_backend {v!r}; allowed: "
+                         f"{_allowed(ALL2ALL_BACKENDS)}")
     if name == "routing_policy":
         from sim.router import ROUTING_POLICIES
 
@@ -283,6 +310,9 @@ class Space:
         """Whether ``name`` applies given the knobs chosen so far (conditional knobs)."""
         if name == "ep":
             return self.is_moe
+        if name == "all2all_backend":
+            # the MoE exchange across a DP group; nothing to exchange without one
+            return self.is_moe and int(params.get("dp", 1)) > 1
         if name == "pd_ratio":
             return bool(params.get("pd", False))
         if name == "prefix_sharing":
@@ -322,6 +352,8 @@ class Space:
             out["pd_ratio"] = "1:1"
         if not self.is_moe:
             out["ep"] = 1
+        if not self.is_moe or int(out.get("dp", 1)) == 1:
+            out["all2all_backend"] = KNOB_DEFAULTS["all2all_backend"]
         if out.get("prefix_tier", "npu") == "npu":
             out["prefix_sharing"] = False
         hw = out["hardware"]
@@ -514,7 +546,7 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     # ---- simulator
     sm = _Map(top.get("simulator"), "simulator", ("latency_provider", "backend", "seed",
                                                    "max_sim_time_s"))
-    simulator = {"latency_provider": sm.choice("latency_provider", LATENCY_PROVIDERS,
+    simulator = {"latency_provider": sm.choice("latency_provider", latency_providers(),
                                                "auto"),
                  "backend": sm.choice("backend", BACKENDS, "auto"),
                  "seed": sm.num("seed", 0, integer=True, minimum=0),

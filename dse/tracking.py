@@ -1,9 +1,12 @@
 """MLflow tracking: one parent run per study, one child run per trial.
 
 Only the driver writes here. Each child is one ``create_run`` + one ``log_batch`` + one
-``log_artifacts`` (per-request table, cluster config, time series): a few tens of ms,
-small beside a trial. The store defaults to ``sqlite:///<out>/mlflow.db`` with artifacts
-under ``<out>/mlartifacts``.
+``log_artifacts`` (per-request table, cluster config, time series, a TTFT/TPOT histogram
+image): a few tens of ms, small beside a trial. Metric names are grouped by prefix
+(``objective/``, ``ttft/``, ``constraint/``...), the experiment is tagged as a training-style
+one so MLflow 3's UI opens on its runs table, and the parent run carries the Pareto table,
+the report and the exported configurations. The store defaults to
+``sqlite:///<out>/mlflow.db`` with artifacts under ``<out>/mlartifacts``.
 """
 
 from __future__ import annotations
@@ -14,8 +17,115 @@ import time
 from pathlib import Path
 from typing import Any
 
-MAX_PARAM_LEN = 6000
+import numpy as np
 
+MAX_PARAM_LEN = 6000
+#: MLflow 3's UI picks its layout by experiment kind: this one shows the runs table first
+#: (the UI's own toggle is the ``workflowType`` URL parameter, see :func:`runs_url`)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+HISTOGRAM = "latency_hist.png"
+#: flat study metrics -> the group they are shown under
+_GROUPS = {"attainment": "slo", "capacity_rps": "slo", "throughput_rps": "throughput",
+           "gen_tps": "throughput", "preemptions": "scheduler", "prefix_hit_ratio": "scheduler",
+           "simulated_s": "run", "wall_s": "run", "attempts": "run"}
+
+
+def metric_name(key: str) -> str:
+    """A metric's name grouped by prefix, as MLflow's UI groups charts by the part before
+    '/': ``objective.p99_ttft`` -> ``objective/p99_ttft``, ``ttft_ms.p99`` ->
+    ``ttft/p99_ms``, ``constraint.p99_ttft_ms`` -> ``constraint/p99_ttft_ms``,
+    ``gen_tps`` -> ``throughput/gen_tps``; study totals (``trials_complete``) -> ``study/..``."""
+    if "." in key:
+        head, rest = key.split(".", 1)
+        rest = rest.replace(".", "_")  # nested summaries (kv_cache.0.blocks): one group level
+        if head.endswith("_ms"):
+            return f"{head[:-3]}/{rest}_ms"
+        return f"{head}/{rest}"
+    group = _GROUPS.get(key) or ("study" if key.startswith(("trials_", "pareto", "tracking"))
+                                 else "run")
+    return f"{group}/{key}"
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The MLflow UI page of the experiment's runs table (in the machine-learning view)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+# A 3x5 pixel font for the few characters the histogram writes (rows top to bottom).
+_GLYPHS = {
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111",
+    "3": "111001111001111", "4": "101101111001001", "5": "111100111001111",
+    "6": "111100111101111", "7": "111001001001001", "8": "111101111101111",
+    "9": "111101111001111", ".": "000000000000010", " ": "000000000000000",
+    "=": "000111000111000", "-": "000000111000000", "T": "111010010010010",
+    "F": "111100110100100", "P": "111101111100100", "O": "111101101101111",
+    "M": "101111111101101", "S": "111100111001111", "N": "000110101101101",
+}
+_BLUE, _RED, _GREY, _INK = (31, 119, 180), (214, 39, 40), (190, 190, 190), (40, 40, 40)
+
+
+def _text(img: np.ndarray, x: int, y: int, text: str, color, scale: int = 2) -> None:
+    for ch in text.upper():
+        bits = _GLYPHS.get(ch, _GLYPHS[" "])
+        g = np.array([int(b) for b in bits], dtype=bool).reshape(5, 3)
+        g = np.kron(g, np.ones((scale, scale), dtype=bool))
+        h, w = g.shape
+        if 0 <= y and y + h <= img.shape[0] and 0 <= x and x + w <= img.shape[1]:
+            img[y:y + h, x:x + w][g] = color
+        x += 4 * scale
+
+
+def _panel(img: np.ndarray, x0: int, vals: np.ndarray, name: str) -> None:
+    """One histogram into img[:, x0:x0+W]: title with p99 and count, bars, min/max ticks."""
+    h, w = img.shape[0], 300
+    top, bottom, left, right = 22, h - 20, x0 + 10, x0 + w - 10
+    img[bottom, left:right] = _GREY
+    if not len(vals):
+        _text(img, left, 4, f"{name} MS  N=0", _INK)
+        return
+    lo, hi = float(vals.min()), float(vals.max())
+    counts, edges = np.histogram(vals, bins=30, range=(lo, hi if hi > lo else lo + 1))
+    bw = (right - left) / len(counts)
+    for i, c in enumerate(counts):
+        bar = int(round((bottom - top) * c / counts.max()))
+        img[bottom - bar:bottom, int(left + i * bw):max(int(left + i * bw) + 1,
+                                                         int(left + (i + 1) * bw) - 1)] = _BLUE
+    p99 = float(np.percentile(vals, 99))
+    px = int(left + (p99 - edges[0]) / (edges[-1] - edges[0]) * (right - left - 1))
+    img[top:bottom:4, px] = _RED
+    img[top + 1:bottom:4, px] = _RED
+    _text(img, left, 4, f"{name} MS  N={len(vals)}", _INK)
+    _text(img, right - 4 * 2 * len(f"P99 {p99:.3g}"), 4, f"P99 {p99:.3g}", _RED)
+    _text(img, left, bottom + 5, f"{lo:.3g}", _INK)
+    _text(img, right - 8 * len(f"{hi:.3g}"), bottom + 5, f"{hi:.3g}", _INK)
+
+
+def latency_histogram_png(requests, path: Path) -> bool:
+    """A small TTFT/TPOT histogram of one trial's requests (the red dashes mark the p99),
+    drawn with numpy and written as a PNG with zlib: a few ms, no plotting library. False
+    when the table lacks the columns or has no rows."""
+    import struct
+    import zlib
+
+    if requests is None or not len(requests) or "ttft_ns" not in requests:
+        return False
+    ttft = requests["ttft_ns"].to_numpy(float) / 1e6
+    tpot = (requests.loc[requests["output_tokens"] > 1, "tpot_ns"].to_numpy(float) / 1e6
+            if "tpot_ns" in requests and "output_tokens" in requests else np.array([]))
+    img = np.full((160, 600, 3), 255, dtype=np.uint8)
+    _panel(img, 0, ttft[np.isfinite(ttft)], "TTFT")
+    _panel(img, 300, tpot[np.isfinite(tpot)], "TPOT")
+    raw = b"".join(b"\x00" + row.tobytes() for row in img)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 600, 160, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+    path.write_bytes(png)
+    return True
 
 def default_tracking_uri(out_dir: Path) -> str:
     return f"sqlite:///{out_dir.resolve() / 'mlflow.db'}"
@@ -40,10 +150,13 @@ class Tracker:
         if exp is None:
             art = (out_dir.resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") \
                 else None
-            self.experiment_id = self.client.create_experiment(experiment,
-                                                               artifact_location=art)
+            self.experiment_id = self.client.create_experiment(
+                experiment, artifact_location=art, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
             self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG,
+                                               EXPERIMENT_KIND)
         self.parent_id: str | None = None
         self.seconds = 0.0  # time spent tracking, reported at the end
 
@@ -77,15 +190,29 @@ class Tracker:
 
         t0 = time.perf_counter()
         ts = int(time.time() * 1000)
-        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), ts, 0)
+        self.client.log_batch(self.parent_id, metrics=[Metric(metric_name(k), float(v), ts, 0)
                                                        for k, v in metrics.items()])
         for p in artifacts:
             if p.is_dir():
                 self.client.log_artifacts(self.parent_id, str(p), artifact_path=p.name)
+            elif p.name == "report.html" and (p.parent / "plotly.min.js").exists():
+                self._log_standalone_report(p)
             elif p.exists():
                 self.client.log_artifact(self.parent_id, str(p))
         self.client.set_terminated(self.parent_id, status=status)
         self.seconds += time.perf_counter() - t0
+
+    def _log_standalone_report(self, page: Path) -> None:
+        """The report with plotly.js inlined, so it renders inside MLflow's artifact view
+        (which cannot follow the page's relative script)."""
+        text = page.read_text()
+        js = (page.parent / "plotly.min.js").read_text()
+        tag = "<script src='plotly.min.js' charset='utf-8'></script>"
+        with tempfile.TemporaryDirectory(prefix="dse-rep-") as tmp:
+            out = Path(tmp) / page.name
+            out.write_text(text.replace(tag, f"<script>{js}</script>", 1) if tag in text
+                           else text)
+            self.client.log_artifact(self.parent_id, str(out))
 
     # ------------------------------------------------------------ children
     def log_trial(self, number: int, params: dict, metrics: dict[str, float], tags: dict,
@@ -101,7 +228,7 @@ class Tracker:
         ts = int(time.time() * 1000)
         self.client.log_batch(
             rid,
-            metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()],
+            metrics=[Metric(metric_name(k), float(v), ts, 0) for k, v in metrics.items()],
             params=[Param(k, _param(v)) for k, v in params.items()],
             tags=[RunTag(k, _param(v)) for k, v in tags.items()])
         if files:
@@ -114,6 +241,8 @@ class Tracker:
                         path.write_text(json.dumps(obj, indent=2))
                     else:
                         path.write_text(str(obj))
+                if "requests.csv" in files:
+                    latency_histogram_png(files["requests.csv"], Path(tmp) / HISTOGRAM)
                 self.client.log_artifacts(rid, tmp)
         self.client.set_terminated(rid, status="FINISHED" if tags.get("state") != "FAIL"
                                    else "FAILED")

@@ -23,7 +23,8 @@ from sim.paths import shared_data_root
 kind, n = sys.argv[1], int(sys.argv[2])
 if kind == "replay":
     root = shared_data_root()
-    cluster = sim.load_cluster(root / "validation/RTX4090-Llama-3.1-8B/cluster.json")
+    # at the real run's gpu_memory_utilization (its vllm/meta.json), as validate_vllm.py
+    cluster = sim.load_cluster(root / "validation/RTX4090-Llama-3.1-8B/cluster.json").with_mem_util(0.9)
     wl = sim.load_jsonl(root / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl", limit=n)
     opts = sim.SimOptions(max_num_seqs=256, max_num_batched_tokens=2048)
 else:
@@ -31,7 +32,7 @@ else:
         "num_instances": 1, "cpu_mem": {"mem_size": 64, "mem_bw": 50, "mem_latency": 0},
         "instances": [{"model_name": "meta-llama/Llama-3.1-8B", "hardware": "RTX4090",
                        "npu_mem": {"mem_size": 24, "mem_bw": 1008, "mem_latency": 0,
-                                   "mem_util": 0.833919}, "num_npus": 1, "tp_size": 1}]}]})
+                                   "mem_util": 0.9}, "num_npus": 1, "tp_size": 1}]}]})
     # A steady load the card can sustain (about 70% of its decode capacity).
     wl = sim.generate(sim.WorkloadSpec(num_requests=n, arrival="poisson", rate=2.0,
                                        input=sim.LengthDist("uniform", low=64, high=1024),

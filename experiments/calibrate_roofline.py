@@ -130,6 +130,7 @@ class _Dims:
 
     def __init__(self, c):
         self.hq, self.hkv, self.d, self.b = c["hq"], c["hkv"], c["d"], c["b"]
+        self.kvb = self.b   # the bundles are bf16: KV in the model dtype
 
 
 def roof(params, flops, nbytes, peak, bw):

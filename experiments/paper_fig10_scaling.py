@@ -58,11 +58,11 @@ import time
 from astrasim import Engine, GraphBuilder, Network, SystemConfig
 from astrasim.engine import _Sim
 
-from sim.backend import SYSTEM
 from sim.graph_generator import ALLREDUCE, COMP, block_pattern
 from sim.latency.base import BatchShape, LayerTimes
 from sim.latency.roofline import RooflineProvider
 from sim.model import load_model
+from sim.topology import system_dict
 
 MODELS = ("GPT3-7B", "GPT3-30B", "GPT3-175B")
 BATCH, SEQ = 64, 1024
@@ -101,7 +101,7 @@ def network(n: int) -> Network:
 
 
 def engine(n: int) -> Engine:
-    system = {k: (v[:2] if isinstance(v, list) else v) for k, v in SYSTEM.items()}
+    system = system_dict({"npus_count": [NPUS_PER_NODE, n // NPUS_PER_NODE]})
     return Engine(network(n), SystemConfig.from_dict(system))
 
 

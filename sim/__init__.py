@@ -14,7 +14,7 @@ from sim.cluster import ClusterConfig, load_cluster, parse_cluster, unsupported_
 from sim.engine import Simulator, simulate, validate_cluster
 from sim.errors import InputError
 from sim.metrics import RunResult
-from sim.options import SimOptions
+from sim.options import ALL2ALL_BACKENDS, SimOptions
 from sim.workload import (
                           LengthDist,
                           Workload,
@@ -25,6 +25,7 @@ from sim.workload import (
 )
 
 __all__ = [
+                          "ALL2ALL_BACKENDS",
                           "ClusterConfig",
                           "InputError",
                           "LengthDist",

@@ -19,8 +19,10 @@ computation reuse remembers those parts' results (``--no-computation-reuse`` tur
 off). A part without communication (every part of a one-NPU instance with nothing to
 load) is not sent to either.
 
-Each instance gets its own network: dimension 0 is its TP group, dimension 1 (when pp > 1)
-its pipeline, with the cluster's intra-node link bandwidth and latency.
+Each instance gets its own network (``sim.topology``): dimension 0 is its TP group,
+dimension 1 (when pp > 1) its pipeline, on the node's intra-node link. A ``network``
+argument is a ``sim.topology.Topology`` (network and system layer together) or a plain
+network.yml dict (ring collectives, direct all-to-all).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from sim.errors import InputError
 from sim.graph_generator import build_graphs, stage_transfer_graphs
 from sim.latency.base import BatchShape, LayerTimes
 from sim.model import TP_ALLREDUCE_AFTER
+from sim.topology import network_dict, system_dict
 
 
 class SystemBackend(Protocol):
@@ -51,25 +54,10 @@ class SystemBackend(Protocol):
 
     def iteration_ns(self, inst, shape: BatchShape, load_bytes: int = 0) -> int: ...
 
-    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+    def run_graphs(self, network, graphs: dict, memory: dict | None = None,
                    name: str = "graph") -> int: ...
 
     def close(self) -> None: ...
-
-
-def instance_network(tp: int, pp: int, link_bw: float, link_latency: float) -> dict:
-    """An instance's own network: dimension 0 its TP group, dimension 1 its pipeline."""
-    dims = [tp] + ([pp] if pp > 1 else [])
-    return {"topology": ["Ring"] * len(dims), "npus_count": dims,
-            "bandwidth": [link_bw] * len(dims), "latency": [link_latency] * len(dims)}
-
-
-SYSTEM = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
-          "preferred-dataset-splits": 1, "all-reduce-implementation": ["ring", "ring"],
-          "all-gather-implementation": ["ring", "ring"],
-          "reduce-scatter-implementation": ["ring", "ring"],
-          "all-to-all-implementation": ["direct", "direct"],
-          "collective-optimization": "localBWAware", "local-mem-bw": 1600}
 
 
 def _memory(inst) -> dict:
@@ -79,11 +67,6 @@ def _memory(inst) -> dict:
     return {"memory-type": "NO_MEMORY_EXPANSION",
             "local-mem-bw": tier.bytes_per_ns * 1e9 / (1 << 30),
             "local-mem-latency": tier.latency_ns}
-
-
-def _system_for(network: dict) -> dict:
-    nd = len(network["npus_count"])
-    return {k: (v[:nd] if isinstance(v, list) else v) for k, v in SYSTEM.items()}
 
 
 def _act_bytes(inst, shape: BatchShape) -> int:
@@ -158,8 +141,8 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
 _NO_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
 
 
-def _key(network: dict, memory: dict) -> str:
-    return json.dumps([network, memory], sort_keys=True)
+def _key(network, memory: dict) -> str:
+    return json.dumps([network_dict(network), system_dict(network), memory], sort_keys=True)
 
 
 def _graphs_of(job):
@@ -183,12 +166,12 @@ class _GraphBackend(ABC):
         self._inst_keys: dict[int, tuple] = {}
 
     @abstractmethod
-    def run_many(self, network: dict, memory: dict, jobs: list,
+    def run_many(self, network, memory: dict, jobs: list,
                  key: str | None = None) -> list[int]:
         """Simulate each job's graphs on ``network`` with ``memory`` (``key``: their
         ``_key``, when the caller has it); the slowest NPU's cycles of each."""
 
-    def run_graphs(self, network: dict, graphs: dict, memory: dict | None = None,
+    def run_graphs(self, network, graphs: dict, memory: dict | None = None,
                    name: str = "graph") -> int:
         """Simulate one set of per-NPU graphs on ``network``; the slowest NPU's cycles."""
         return self.run_many(network, memory or _NO_MEMORY, [(name, graphs)])[0]
@@ -209,8 +192,7 @@ class _GraphBackend(ABC):
             # One NPU, no communication, no memory traffic: the graph is a single chain of
             # compute, whose time is its sum (providers can give it from pre-summed
             # tables). There is nothing for a system simulation to add, in either client.
-            fast = getattr(inst.provider, "iteration_ns", None)
-            return fast(shape) if fast else inst.provider.layer_times(shape).total_ns()
+            return inst.provider.iteration_ns(shape)
         return self._decomposed(inst, shape, load_bytes)
 
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
@@ -244,11 +226,12 @@ class AstraInprocBackend(_GraphBackend):
         super().__init__(reuse)
         self._engines: dict[str, Engine] = {}
 
-    def _engine_for(self, network: dict, memory: dict, key: str | None = None) -> Engine:
+    def _engine_for(self, network, memory: dict, key: str | None = None) -> Engine:
         key = key or _key(network, memory)
         eng = self._engines.get(key)
         if eng is None:
-            eng = Engine(Network.from_dict(network), SystemConfig.from_dict(_system_for(network)),
+            eng = Engine(Network.from_dict(network_dict(network)),
+                         SystemConfig.from_dict(system_dict(network)),
                          MemoryConfig.from_dict(memory))
             self._engines[key] = eng
         return eng
@@ -256,7 +239,7 @@ class AstraInprocBackend(_GraphBackend):
     def _engine(self, inst) -> Engine:
         return self._engine_for(inst.network, _memory(inst))
 
-    def run_many(self, network: dict, memory: dict, jobs: list,
+    def run_many(self, network, memory: dict, jobs: list,
                  key: str | None = None) -> list[int]:
         engine = self._engine_for(network, memory, key)
         return [max(r.cycles for r in engine.run(_graphs_of(job)).values()) for _, job in jobs]
@@ -359,7 +342,7 @@ class AstraSubprocessBackend(_GraphBackend):
             return [self.binary, *args]
         return [sys.executable, "-m", "astrasim", *args, "--interactive"]
 
-    def _proc(self, network: dict, memory: dict, key: str) -> tuple[subprocess.Popen, Path]:
+    def _proc(self, network, memory: dict, key: str) -> tuple[subprocess.Popen, Path]:
         """The process serving ``key``'s network, started on first use (a process that
         died is dropped by ``run_many`` and started again here)."""
         entry = self._procs.get(key)
@@ -367,8 +350,9 @@ class AstraSubprocessBackend(_GraphBackend):
             return entry
         folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "network.yml").write_text(yaml.safe_dump(network, default_flow_style=None))
-        (folder / "system.json").write_text(json.dumps(_system_for(network)))
+        (folder / "network.yml").write_text(yaml.safe_dump(network_dict(network),
+                                                           default_flow_style=None))
+        (folder / "system.json").write_text(json.dumps(system_dict(network)))
         (folder / "memory.json").write_text(json.dumps(memory))
         # The replies are flushed at each "Waiting" line; an unbuffered child (the
         # environment's PYTHONUNBUFFERED) would pay a write call per output line.
@@ -401,7 +385,7 @@ class AstraSubprocessBackend(_GraphBackend):
                 raise RuntimeError(f"astra-sim exited unexpectedly: {err or 'no message'}")
             pending += chunk
 
-    def run_many(self, network: dict, memory: dict, jobs: list,
+    def run_many(self, network, memory: dict, jobs: list,
                  key: str | None = None) -> list[int]:
         key = key or _key(network, memory)
         for attempt in (1, 2):

@@ -1,6 +1,8 @@
 """``llmsim``: run one simulation (the equivalent of LLMServingSim's ``python -m serving``).
 
     llmsim run --cluster cluster.json --dataset workload.jsonl --output out.csv [--summary s.json]
+    llmsim bench --model M --hardware HW [vllm bench serve / vllm serve flags]
+    llmsim compare SIM.json REAL.json   (error table; REAL may be a per-request JSONL)
     llmsim profiles list [--hardware HW] [--model M] [--tp N]
     llmsim profile --model M --hardware HW --out DIR [--tp 1 2] [--device cuda|cpu]
     llmsim astra-config --cluster cluster.json --out DIR   (ASTRA-Sim input files)
@@ -19,6 +21,12 @@ import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
+from sim.options import ALL2ALL_BACKENDS
+
+
+def _provider_choices() -> list[str]:
+    from sim.latency.base import provider_names
+    return provider_names()
 
 
 def _add_run(sub) -> None:
@@ -40,6 +48,18 @@ def _add_run(sub) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's scheduler_reserve_full_isl admission rule")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's async scheduling (default: as the simulated --vllm-version)")
+    p.add_argument("--vllm-version", default="0.19.0",
+                   help="vLLM release whose defaults are simulated (default 0.19.0)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="waiting order and preemption victim (requests' 'priority' field)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's gpu_memory_utilization for every instance, in place of the "
+                        "cluster file's npu_mem.mem_util (the KV capacity follows as vLLM "
+                        "derives it)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="reject prompts of this many tokens or more; outputs stop there")
     p.add_argument("--prefix-storage", default=None, choices=["CPU", "CXL"],
                    help="keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)")
     p.add_argument("--enable-prefix-sharing", action="store_true",
@@ -51,11 +71,19 @@ def _add_run(sub) -> None:
                    help="NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
     p.add_argument("--expert-routing-policy", default="RAND",
                    help="MoE gate policy: BALANCED, RR, RAND or a registered one")
+    p.add_argument("--all2all-backend", default=ALL2ALL_BACKENDS[0], choices=ALL2ALL_BACKENDS,
+                   help="how MoE layers exchange tokens across a DP group (vLLM's "
+                        "all2all_backend; default: vLLM 0.19's allgather_reducescatter)")
     p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
     p.add_argument("--request-routing-policy", default="LOAD")
-    p.add_argument("--latency-provider", default="auto",
-                   help="auto (measured where a bundle exists, else roofline), measured, "
-                        "roofline, aic")
+    p.add_argument("--latency-provider", default="auto", choices=_provider_choices(),
+                   help="auto (measured bundle, then aiconfigurator's database, then roofline) "
+                        "or a registered provider")
+    p.add_argument("--quantization", default=None,
+                   help="weight quantization as vllm serve: fp8 (W8A8); default: the "
+                        "checkpoint's")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV-cache dtype as vllm serve: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16")
     p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
     p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
     p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
@@ -148,18 +176,27 @@ def _run(args) -> int:
     from sim.options import SimOptions
 
     _check_run_flags(args)
+    util = args.gpu_memory_utilization
+    if util is not None and not 0.0 < util <= 1.0:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
     cluster = sim.load_cluster(args.cluster)
+    if util is not None:
+        cluster = cluster.with_mem_util(util)
     workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
     opts = SimOptions(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
+        async_scheduling=args.async_scheduling, vllm_version=args.vllm_version,
+        scheduling_policy=args.scheduling_policy, max_model_len=args.max_model_len,
         prefix_storage=args.prefix_storage, enable_prefix_sharing=args.enable_prefix_sharing,
         enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
         enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,
         expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
+        all2all_backend=args.all2all_backend,
         routing_policy=args.request_routing_policy, seed=args.seed,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,
         computation_reuse=args.computation_reuse,
@@ -178,6 +215,15 @@ def _run(args) -> int:
           f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
           f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
+    for iid, kv in (s.get("kv_cache") or {}).items():
+        line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"
+        if kv.get("max_model_len"):
+            line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
+                     f"{kv['max_concurrency']:.2f}x")
+        print(line)
+    notes = sorted(set((s.get("latency_note") or {}).values()))
+    if notes:
+        print("latency: " + " | ".join(notes))
     print(f"wrote {out}, {summary}, {series}")
     if s.get("latency_extrapolations"):
         print(f"note: lookups outside the measured grid (extrapolated): "
@@ -191,7 +237,7 @@ def _add_profiles(sub) -> None:
     lp = psub.add_parser("list", help="list bundles and which provider answers a (hw, model, tp)")
     lp.add_argument("--hardware", default=None)
     lp.add_argument("--model", default=None)
-    lp.add_argument("--tp", type=int, default=1)
+    lp.add_argument("--tp", type=int, default=None, help="one tp (default: 1, 2, 4, 8)")
     lp.add_argument("--profiles", action="append", default=[])
 
 
@@ -211,28 +257,77 @@ def _profiles(args) -> int:
             tps = sorted(p.name for p in variant.glob("tp*"))
             print(f"measured  {hw:12s} {model:45s} {variant.name:6s} {','.join(tps):10s} {variant}")
             found = True
-    if args.hardware and args.model:
-        try:
-            from sim.latency.catalogue import available_providers
-        except ImportError:
-            available_providers = None
-        if available_providers is not None:
-            for entry in available_providers(args.hardware, args.model, args.tp, args.profiles):
-                print(f"provider  {entry}")
-                found = True
+    found = _coverage_matrix(args) or found
     if not found:
         print("no bundles found", file=sys.stderr)
     return 0
 
 
+def _coverage_matrix(args) -> bool:
+    """Which provider ``auto`` picks per hardware x model x tp x precision (a table)."""
+    from sim.hardware import known_hardware, load_hardware
+    from sim.latency.base import auto_choice
+    from sim.model import known_models, load_model
+
+    hws = [args.hardware] if args.hardware else known_hardware()
+    models = [args.model] if args.model else known_models()
+    tps = [args.tp] if args.tp else [1, 2, 4, 8]
+    rows = []
+    for m in models:
+        spec = load_model(m, source="--model")
+        precisions = [("bf16", spec.with_precision(kv_cache_dtype="auto"))] if not spec.is_fp8 \
+            else []
+        precisions += [("fp8", spec.with_precision("fp8")),
+                       ("fp8+kv-fp8", spec.with_precision("fp8", "fp8"))]
+        for h in hws:
+            hw = load_hardware(h, source="--hardware")
+            if hw.kind != "gpu" and not args.hardware:
+                continue
+            for tp in tps:
+                if spec.num_attention_heads % tp:
+                    continue
+                cells = []
+                for _, variant in precisions:
+                    try:
+                        cells.append(auto_choice(variant, hw.name, tp, args.profiles)[0])
+                    except InputError:
+                        cells.append("-")
+                rows.append((spec.name, hw.name, tp, cells, [p for p, _ in precisions]))
+    if not rows:
+        return False
+    print(f"\n{'model':44s} {'hardware':13s} {'tp':>3s}  auto picks per precision")
+    for name, hw, tp, cells, precs in rows:
+        picks = "  ".join(f"{p}:{c:9s}" for p, c in zip(precs, cells))
+        print(f"{name:44s} {hw:13s} {tp:>3d}  {picks}")
+    return True
+
+
+def _add_bench(sub) -> None:
+    from sim.bench import add_bench_args
+
+    p = sub.add_parser("bench", help="vllm bench serve's interface, answered by the simulator")
+    add_bench_args(p)
+    p.add_argument("--log-level", default="WARNING",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="error table of a simulated vs a real benchmark result")
+    p.add_argument("sim", help="llmsim bench / vllm bench serve result JSON")
+    p.add_argument("real", help="result JSON, or a real run's per-request JSONL")
+
+
 def _add_astra_config(sub) -> None:
     p = sub.add_parser("astra-config",
                        help="write ASTRA-Sim input files (network.yml, system.json, memory.json) "
-                            "for a cluster")
+                            "and npus.json (each instance's NPU ids) for a cluster")
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True, help="folder to write into")
-    p.add_argument("--collective", default="ring",
-                   choices=["ring", "direct", "halvingDoubling", "doubleBinaryTree"])
+    from sim.topology import ALGORITHMS
+
+    p.add_argument("--collective", default=None, choices=ALGORITHMS,
+                   help="collective algorithm on every dimension (default: the cluster's "
+                        "collective_algorithm, else ring)")
 
 
 def _astra_config(args) -> int:
@@ -244,11 +339,13 @@ def _astra_config(args) -> int:
     check_output_dir(args.out, "--out")
     cluster = sim.load_cluster(args.cluster)
     layout = build_layout(cluster, collective_impl=args.collective)
-    paths = write_layout(layout, args.out)
-    (Path(args.out) / "npus.json").write_text(json.dumps(
+    paths = dict(write_layout(layout, args.out))
+    paths["npus"] = Path(args.out) / "npus.json"
+    paths["npus"].write_text(json.dumps(
         {str(k): list(v) for k, v in layout.npus.items()}, indent=2) + "\n")
     print(f"{layout.num_npus} NPUs, topology {layout.network['topology']} "
-          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values()))
+          f"{layout.network['npus_count']}; wrote " + ", ".join(str(p) for p in paths.values())
+          + " (npus.json: the NPU ids of each instance)")
     return 0
 
 
@@ -283,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_profiles(sub)
     _add_profile(sub)
     _add_astra_config(sub)
+    _add_bench(sub)
+    _add_compare(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"))
     try:
@@ -292,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             return _profiles(args)
         if args.cmd == "astra-config":
             return _astra_config(args)
+        if args.cmd == "bench":
+            from sim.bench import bench_main
+            return bench_main(args)
+        if args.cmd == "compare":
+            from sim.compare import compare_main
+            return compare_main(args)
         return _profile(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)

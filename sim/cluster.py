@@ -16,18 +16,21 @@ from typing import Any
 import yaml
 
 from sim.errors import InputError
+from sim.options import ALL2ALL_BACKENDS
 
 GiB = 1 << 30
 DEFAULT_MEM_UTIL = 0.9  # vLLM's default gpu_memory_utilization
 
 # Scheduler knobs an instance may override (LLMServingSim's per-instance fields).
 INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-                           "block_size", "enable_prefix_caching", "enable_chunked_prefill")
+                           "block_size", "enable_prefix_caching", "enable_chunked_prefill",
+                           "all2all_backend", "quantization", "kv_cache_dtype")
 _INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
                   "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
-                  *INSTANCE_SCHEDULER_KEYS}
+                  "num_gpu_blocks_override", *INSTANCE_SCHEDULER_KEYS}
 _NODE_KEYS = {"num_instances", "cpu_mem", "instances", "power"}
-_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem"}
+_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem",
+             "collective_algorithm"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class InstanceConfig:
     dtype: str | None = None
     kv_cache_dtype: str | None = None
     placement: dict | None = None
+    #: vLLM's cache_config.num_gpu_blocks_override: use this many KV blocks, whatever the
+    #: memory accounting gives (it must still leave room for the cache)
+    num_gpu_blocks_override: int | None = None
     #: per-instance overrides of SimOptions scheduler knobs
     overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -71,8 +77,9 @@ class NodeConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    link_bw_GBps: float = 16.0
-    link_latency_ns: float | list = 0.0
+    #: per direction, decimal GB/s; a number or one per dimension; None: the hardware's
+    link_bw_GBps: float | list | None = None
+    link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
     source: str = "<cluster>"
     raw: dict = field(default_factory=dict, repr=False, compare=False)
@@ -83,6 +90,15 @@ class ClusterConfig:
 
     def with_overrides(self, **kw) -> ClusterConfig:
         return replace(self, **kw)
+
+    def with_mem_util(self, util: float) -> ClusterConfig:
+        """This cluster with every instance's npu_mem.mem_util set to ``util`` (vLLM's
+        gpu_memory_utilization of a run being replayed)."""
+        def inst(i: InstanceConfig) -> InstanceConfig:
+            return replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util)))
+        nodes = tuple(replace(n, instances=tuple(inst(i) for i in n.instances))
+                      for n in self.nodes)
+        return replace(self, nodes=nodes)
 
 
 #: no field of a cluster is meaningfully this large (GiB, GB/s, ns, counts): a typo
@@ -179,6 +195,10 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 raise InputError(f"field 'pd_type' must be null, 'prefill' or 'decode', got {pd!r}",
                                  source=iw)
             overrides = {k: ins[k] for k in INSTANCE_SCHEDULER_KEYS if ins.get(k) is not None}
+            a2a = overrides.get("all2all_backend")
+            if a2a is not None and a2a not in ALL2ALL_BACKENDS:
+                raise InputError(f"field 'all2all_backend' must be one of "
+                                 f"{', '.join(ALL2ALL_BACKENDS)}, got {a2a!r}", source=iw)
             insts.append(InstanceConfig(
                 instance_id=iid, node_id=n_idx, model_name=ins["model_name"],
                 hardware=ins["hardware"], npu_mem=_mem(ins.get("npu_mem"), f"{iw}.npu_mem",
@@ -186,6 +206,9 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 num_npus=num_npus, tp_size=tp, pp_size=pp, ep_size=ep,
                 dp_group=ins.get("dp_group"), pd_type=pd, dtype=ins.get("dtype"),
                 kv_cache_dtype=ins.get("kv_cache_dtype"), placement=ins.get("placement"),
+                num_gpu_blocks_override=(
+                    int(_num(ins, "num_gpu_blocks_override", iw, integer=True))
+                    if ins.get("num_gpu_blocks_override") is not None else None),
                 overrides=overrides))
             iid += 1
         cpu_raw = nd.get("cpu_mem") or {}
@@ -196,26 +219,29 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                                 power=_power(nd.get("power"), f"{where}.power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
     return ClusterConfig(nodes=tuple(nodes),
-                         link_bw_GBps=_per_dim_field(data, "link_bw", 16.0, source, positive=True),
-                         link_latency_ns=_per_dim_field(data, "link_latency", 0.0, source,
+                         link_bw_GBps=_per_dim_field(data, "link_bw", source, positive=True),
+                         link_latency_ns=_per_dim_field(data, "link_latency", source,
                                                         positive=False),
                          cxl_mem=_cxl(data.get("cxl_mem"), source), source=source,
                          raw=data)
 
 
-def _per_dim_field(data: dict, key: str, default: float, source: str, *,
-                   positive: bool) -> float | list:
+def _per_dim_field(data: dict, key: str, source: str, *,
+                   positive: bool) -> float | list | None:
     """link_bw (GB/s, > 0) or link_latency (ns, >= 0): a number, or a list of them (one per
-    network dimension). Checked here, whatever the number of NPUs, so a bad link is refused
-    even where no collective would use it."""
+    network dimension), or absent (None: the hardware's link, see sim/topology.py). Checked
+    here, whatever the number of NPUs, so a bad link is refused even where no collective
+    would use it."""
     v = data.get(key)
+    if v is None:
+        return None
     if isinstance(v, list):
         if not v:
             raise InputError(f"field {key!r} must be a number or a non-empty list of numbers",
                              source=source)
         return [_num({key: x}, key, source, positive=positive) if x is not None else
                 _num({key: "null"}, key, source) for x in v]
-    return _num(data, key, source, default=default, positive=positive)
+    return _num(data, key, source, positive=positive)
 
 
 def _power(raw: Any, where: str) -> dict | None:
@@ -294,6 +320,4 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
         if inst.placement:
             problems.append(f"{where}: placement (weight/KV placement across memories) is not "
                             "modelled yet")
-        if inst.kv_cache_dtype not in (None, "auto"):
-            problems.append(f"{where}: kv_cache_dtype={inst.kv_cache_dtype!r} is not modelled yet")
     return problems

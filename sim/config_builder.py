@@ -1,23 +1,26 @@
 """Cluster config -> ASTRA-Sim input files (network.yml, system.json, memory config).
 
-The NPUs of the cluster form a multi-dimensional topology: dimension 0 is the NPUs of one
-node (the intra-node links), dimension 1 the nodes (when there is more than one). NPU ids
-are assigned instance by instance in config order, so an instance's NPUs are contiguous
-within its node. ``link_bw`` and ``link_latency`` may be scalars (every dimension) or
-lists (one value per dimension), as in LLMServingSim.
+Everything comes from ``sim.topology``, the same description ``llmsim run`` simulates:
+each instance's own network (its TP group x pipeline stages, what the backend times an
+iteration on) and the cluster as a whole (dimension 0 the NPUs of one node, dimension 1
+the nodes when there is more than one). NPU ids are assigned instance by instance in
+config order, so an instance's NPUs are contiguous within its node. ``link_bw`` and
+``link_latency`` may be scalars (every dimension) or lists (one value per dimension), as
+in LLMServingSim.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
 from sim.cluster import ClusterConfig
 from sim.errors import InputError
+from sim.topology import Topology, cluster_topology, instance_topology
 
 
 @dataclass(frozen=True)
@@ -27,56 +30,30 @@ class SystemLayout:
     memory: dict
     #: instance id -> the global NPU ids it runs on
     npus: dict[int, tuple[int, ...]]
+    #: instance id -> the network ``llmsim run`` times that instance's iterations on
+    instances: dict[int, Topology] | None = None
 
     @property
     def num_npus(self) -> int:
         return math.prod(self.network["npus_count"])
 
 
-def _per_dim(value, ndims: int, field: str, source: str) -> list[float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return [float(value)] * ndims
-    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
-        if len(value) == 1:
-            return [float(value[0])] * ndims
-        if len(value) != ndims:
-            raise InputError(f"field {field!r} lists {len(value)} values but the topology has "
-                             f"{ndims} dimension(s)", source=source)
-        return [float(v) for v in value]
-    raise InputError(f"field {field!r} must be a number or a list of numbers, got {value!r}",
-                     source=source)
+def _with_algorithm(topo: Topology, algorithm: str | None) -> Topology:
+    if algorithm is None:
+        return topo
+    return replace(topo, dims=tuple(replace(d, algorithm=algorithm) for d in topo.dims))
 
 
-def build_layout(cluster: ClusterConfig, *, collective_impl: str = "ring",
-                 endpoint_delay_ns: int = 10, chunks: int = 1,
-                 local_mem_bw_GBps: float = 1600.0) -> SystemLayout:
+def build_layout(cluster: ClusterConfig, *, collective_impl: str | None = None) -> SystemLayout:
+    """The cluster's network and every instance's own one (``collective_impl`` overrides
+    the cluster's ``collective_algorithm`` on every dimension)."""
     npus_per_node = max(sum(i.num_npus for i in n.instances) for n in cluster.nodes)
     for n in cluster.nodes:
         if sum(i.num_npus for i in n.instances) != npus_per_node:
             raise InputError("every node must hold the same number of NPUs "
                              f"(node {n.node_id} differs)", source=cluster.source)
-    dims = [npus_per_node] + ([len(cluster.nodes)] if len(cluster.nodes) > 1 else [])
-    nd = len(dims)
-    bw = _per_dim(cluster.link_bw_GBps, nd, "link_bw", cluster.source)
-    lat = _per_dim(cluster.link_latency_ns, nd, "link_latency", cluster.source)
-    network = {
-        "topology": ["Ring" if d > 2 else "FullyConnected" for d in dims][:1]
-        + (["Switch"] if nd > 1 else []),
-        "npus_count": dims, "bandwidth": bw, "latency": lat,
-    }
-    system = {
-        "scheduling-policy": "LIFO",
-        "endpoint-delay": endpoint_delay_ns,
-        "active-chunks-per-dimension": 1,
-        "preferred-dataset-splits": chunks,
-        "all-reduce-implementation": [collective_impl] * nd,
-        "all-gather-implementation": [collective_impl] * nd,
-        "reduce-scatter-implementation": [collective_impl] * nd,
-        "all-to-all-implementation": ["direct"] * nd,
-        "collective-optimization": "localBWAware",
-        "local-mem-bw": local_mem_bw_GBps,
-        "boost-mode": 0,
-    }
+    topo = _with_algorithm(cluster_topology(cluster, npus_per_node), collective_impl)
+    system = {**topo.system(), "boost-mode": 0}
     memory = {"memory-type": "NO_MEMORY_EXPANSION"}
     npus: dict[int, tuple[int, ...]] = {}
     for n in cluster.nodes:
@@ -85,7 +62,9 @@ def build_layout(cluster: ClusterConfig, *, collective_impl: str = "ring",
         for inst in n.instances:
             npus[inst.instance_id] = tuple(range(base + off, base + off + inst.num_npus))
             off += inst.num_npus
-    return SystemLayout(network, system, memory, npus)
+    instances = {i.instance_id: _with_algorithm(instance_topology(cluster, i), collective_impl)
+                 for i in cluster.instances}
+    return SystemLayout(topo.network(), system, memory, npus, instances)
 
 
 def write_layout(layout: SystemLayout, folder: str | Path) -> dict[str, Path]:
@@ -98,4 +77,12 @@ def write_layout(layout: SystemLayout, folder: str | Path) -> dict[str, Path]:
                                                sort_keys=False))
     paths["system"].write_text(json.dumps(layout.system, indent=2) + "\n")
     paths["memory"].write_text(json.dumps(layout.memory, indent=2) + "\n")
+    for iid, topo in (layout.instances or {}).items():
+        sub = folder / f"instance{iid}"
+        sub.mkdir(exist_ok=True)
+        (sub / "network.yml").write_text(yaml.safe_dump(topo.network(), default_flow_style=None,
+                                                        sort_keys=False))
+        (sub / "system.json").write_text(json.dumps(topo.system(), indent=2) + "\n")
+        (sub / "memory.json").write_text(json.dumps(layout.memory, indent=2) + "\n")
+        paths[f"instance{iid}"] = sub
     return paths

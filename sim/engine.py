@@ -10,25 +10,33 @@ clock jumps to the next arrival. No I/O, logging or pandas inside the loop.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass
 
 from astrasim import GraphBuilder
 
-from sim.backend import SystemBackend, instance_network, make_backend
+from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape
+from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
+from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
-from sim.model import ModelSpec, load_model
+from sim.model import ModelSpec, load_model, served_model
+from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
+from sim.topology import (Topology, check_links, instance_topology, link_between,
+                          transfer_topology)
 from sim.workload import Workload
+
+
+_log = logging.getLogger("sim.memory")
 
 
 @dataclass
@@ -40,65 +48,73 @@ class InstanceRuntime:
     tp: int
     pp: int
     num_kv_blocks: int
-    provider: object
+    provider: LatencyProvider
     scheduler: Scheduler
     lower_tier: PrefixTier | None = None
     pim: object | None = None
     #: the instance's own ASTRA-Sim network (TP group x pipeline stages)
-    network: dict | None = None
+    network: Topology | None = None
+    #: vLLM's memory accounting behind num_kv_blocks (None when the KV cache lives in PIM)
+    memory: MemoryBudget | None = None
 
 
-def _import_providers() -> None:
-    # Providers register themselves on import; optional ones may be absent.
-    import sim.latency.measured  # noqa: F401
-    for mod in ("sim.latency.roofline", "sim.latency.aic"):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
+def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = None) -> ModelSpec:
+    """The model as ``inst`` serves it: its precision (quantization, kv_cache_dtype) applied."""
+    return served_model(inst.model_name, inst.hardware, opts.quantization, opts.kv_cache_dtype,
+                        source=where)
 
 
-def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int) -> int:
-    """KV blocks per instance: (mem_size * mem_util - weights) / block bytes, per NPU."""
-    usable = inst.npu_mem.mem_size_gib * GiB * inst.npu_mem.mem_util
-    weights = model.weight_bytes(inst.tp_size, inst.pp_size, inst.ep_size)
-    free = usable - weights
-    where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
-    if free <= 0:
-        raise InputError(
-            f"{where}: weights need {weights / GiB:.2f} GiB per NPU but only "
-            f"{usable / GiB:.2f} GiB is usable (npu_mem.mem_size={inst.npu_mem.mem_size_gib} GiB x "
-            f"mem_util={inst.npu_mem.mem_util}); raise tp_size/pp_size or use a larger device")
-    blocks = int(free // (model.kv_bytes_per_token(inst.tp_size, inst.pp_size) * block_size))
-    if blocks < 2:
-        raise InputError(f"{where}: no room for KV cache after the weights "
-                         f"({free / GiB:.3f} GiB left)")
-    return blocks
+def _max_model_len(inst: InstanceRuntime) -> int:
+    """vLLM's max_model_len: the option where given, else the model's position limit."""
+    return int(getattr(inst.opts, "max_model_len", 0) or inst.model.max_position_embeddings)
+
+
+def _log_memory(inst: InstanceRuntime) -> None:
+    if inst.memory is not None and _log.isEnabledFor(logging.INFO):
+        for line in inst.memory.log_lines(_max_model_len(inst)):
+            _log.info("instance %d: %s", inst.instance_id, line)
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
-                      where: str = "<cluster>"):
-    _import_providers()
-    if kind == "auto":
-        from sim.latency.measured import find_bundle
-        bundle = find_bundle(inst.hardware, model, opts.profiles_dirs)
-        if bundle is not None and (bundle / f"tp{inst.tp_size}").is_dir():
-            kind = "measured"
-        elif "roofline" in LATENCY_PROVIDERS:
-            kind = "roofline"
-        else:
-            kind = "measured"  # raises the "no bundle" error with the searched folders
-    try:
-        return LATENCY_PROVIDERS.create(kind, model, inst.hardware, inst.tp_size,
-                                        profiles_dirs=opts.profiles_dirs,
-                                        max_tokens=max(opts.max_num_batched_tokens, 16384),
-                                        max_seqs=max(opts.max_num_seqs, 1024),
-                                        source="--latency-provider")
-    except InputError as exc:
-        if kind not in LATENCY_PROVIDERS:
-            raise
-        raise InputError(f"instance {inst.instance_id} (hardware={inst.hardware!r}, "
-                         f"{kind} latency): {exc}", source=where) from None
+                      where: str = "<cluster>") -> LatencyProvider:
+    """Build the instance's provider; ``auto`` takes the first of measured > aic > roofline
+    that covers (hardware, model at its precision, tp) and builds, and records why."""
+    registry = load_providers()
+    kw = {"profiles_dirs": opts.profiles_dirs, "max_tokens": max(opts.max_num_batched_tokens, 16384),
+          "max_seqs": max(opts.max_num_seqs, 1024)}
+    if kind != "auto":
+        try:
+            return registry.create(kind, model, inst.hardware, inst.tp_size,
+                                   source="--latency-provider", **kw)
+        except InputError as exc:
+            if kind not in registry:
+                raise
+            raise InputError(f"instance {inst.instance_id} (hardware={inst.hardware!r}, "
+                             f"{kind} latency): {exc}", source=where) from None
+    skipped: list[str] = []
+    for name in AUTO_ORDER:
+        if name not in registry:
+            continue
+        why_not = registry.get(name).covers(model, inst.hardware, inst.tp_size,
+                                            opts.profiles_dirs)
+        if why_not is None:
+            if registry.get(name).exact_coverage:  # a build error is the user's to fix
+                prov = _resolve_provider(name, inst, model, opts, where)
+                prov.note = f"auto picked {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                return prov
+            try:
+                prov = registry.create(name, model, inst.hardware, inst.tp_size, **kw)
+            except InputError as exc:  # covered on paper but cannot build: try the next
+                why_not = f"cannot build: {exc}"
+            else:
+                prov.note = f"auto picked {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                return prov
+        skipped.append(f"{name}: {why_not}")
+    # Nothing covers it: the last resort's own error names the problem (e.g. an unknown
+    # hardware with the known ones listed).
+    prov = _resolve_provider(AUTO_ORDER[-1], inst, model, opts, where)
+    prov.note = "auto: " + "; ".join(skipped)
+    return prov
 
 
 def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
@@ -110,11 +126,11 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         raise InputError(problems[0])
     for inst in cluster.instances:
         where = f"{cluster.source}: instance {inst.instance_id}"
-        model = load_model(inst.model_name, source=f"{where}: model_name")
-        model.check_tp(inst.tp_size, source=where)
         o = opts.for_instance(inst.overrides)
         o.validate()
-        kv_capacity_blocks(inst, model, o.block_size)
+        model = instance_model(inst, o, where)
+        model.check_tp(inst.tp_size, source=where)
+        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
         for node in cluster.nodes:
@@ -156,6 +172,11 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                         f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
                         f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
                         f"{getattr(first, field)!r}; members of a DP group must match")
+            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
+            if a != b:
+                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
+                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
+                                 f"has {b!r}; members of a DP group must match")
     for inst in cluster.instances:
         if inst.ep_size > 1:
             domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
@@ -194,11 +215,13 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
+    check_links(cluster)
     out = []
     for inst in cluster.instances:
-        model = load_model(inst.model_name)
         o = opts.for_instance(inst.overrides)
-        blocks = kv_capacity_blocks(inst, model, o.block_size)
+        model = instance_model(inst, o)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
             pim = _build_pim(cluster, inst, model, o)
@@ -206,10 +229,11 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
-        bw, lat = _link(cluster, inst, inst)
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
-                                   network=instance_network(inst.tp_size, inst.pp_size, bw, lat)))
+                                   network=instance_topology(cluster, inst),
+                                   memory=None if pim is not None else budget))
+        _log_memory(out[-1])
     return out
 
 
@@ -300,14 +324,9 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
 
 
 def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s, ns) of the link between two instances: intra-node is dimension 0 of
-    link_bw/link_latency, inter-node the last dimension."""
-    dim = 0 if a.node_id == b.node_id else -1
-
-    def pick(v):
-        return float(v[dim] if isinstance(v, list) else v)
-
-    return pick(cluster.link_bw_GBps), pick(cluster.link_latency_ns)
+    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
+    link = link_between(cluster, a, b)
+    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -319,9 +338,7 @@ def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
     link between the two instances.
     """
     shard = src.model.kv_bytes_per_token(src.tp, src.pp) * tokens
-    bw, lat = _link(cluster, src.config, dst.config)
-    network = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [bw],
-               "latency": [lat]}
+    network = transfer_topology(link_between(cluster, src.config, dst.config))
     send, recv = GraphBuilder(0), GraphBuilder(1)
     send.send(1, shard, tag=1, name="kv_send")
     recv.recv(0, shard, tag=1, name="kv_recv")
@@ -394,6 +411,7 @@ def _fresh_requests(workload: Workload) -> list[Request]:
         while r is not None:
             c = Request(r.rid, r.arrival_ns, r.input_len, r.output_len, r.input_ids, r.output_ids,
                         r.session_id, r.sub_index, r.tool_ns)
+            c.priority = r.priority
             if prev is None:
                 out.append(c)
             else:
@@ -411,9 +429,9 @@ class Simulator:
         self.cluster = cluster
         self.opts = opts
         self.instances = build_instances(cluster, opts)
-        self._a2a_cache: dict[tuple, int] = {}
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
+        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
@@ -482,10 +500,44 @@ class Simulator:
         inflight_count = [0] * n_units
         free_at = [0] * n_units
         depth = [self.instances[m[0]].pp for m in units]
+        # Async scheduling (vLLM's batch queue of 2): step N+1 is scheduled while step N
+        # runs and starts when N ends; a unit schedules again only after a step of its own
+        # completes (or right after scheduling one), so arrivals wait for that point.
+        async_unit = [self.instances[m[0]].opts.async_enabled and depth[u] == 1
+                      for u, m in enumerate(units)]
+        for u, a in enumerate(async_unit):
+            if a:
+                depth[u] = 2
+        busy_until = [0] * n_units
+        may_chain = [False] * n_units
+        # Pipeline stages keep batches in order: one leaves the last stage after the one
+        # before it (a short decode step cannot overtake a long prefill chunk).
+        last_out = [0] * n_units
         gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
                                     source="expert_routing_policy")
         now = 0
         remaining = len(all_reqs)
+        max_len = opts.max_model_len
+        rejected: list[Request] = []
+
+        def route(req: Request) -> None:
+            nonlocal remaining
+            if max_len is not None and req.input_len >= max_len:
+                # vLLM refuses a prompt that leaves no room to generate (and its session's
+                # later turns, which would extend it); a closed-loop client moves on.
+                r = req
+                while r is not None:
+                    r.rejected = True
+                    rejected.append(r)
+                    remaining -= 1
+                    r = r.next_sub
+                if clients > 0 and backlog:
+                    nxt = backlog.pop()
+                    nxt.arrival_ns = req.arrival_ns
+                    nxt.client_id = req.client_id
+                    heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
+                return
+            entry_scheds[router.choose(req, entry_scheds)].add_request(req)
         max_time = opts.max_sim_time_ns
         progress = _Progress(len(all_reqs)) if opts.progress else None
         while remaining > 0:
@@ -503,13 +555,19 @@ class Simulator:
             # 2. Route arrivals.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
+                route(req)
             # 3. Retire iterations that end now.
             while in_flight and in_flight[0][0] <= now:
                 end, _, unit, payload = heapq.heappop(in_flight)
                 if payload is None:
                     continue
+                if payload.__class__ is Request:
+                    # A PD KV transfer has landed: the prefill side frees the blocks it kept.
+                    schedulers[payload.prefill_instance].release_handoff(payload.handoff_blocks)
+                    payload.handoff_blocks = None
+                    continue
                 inflight_count[unit] -= 1
+                may_chain[unit] = True
                 for idx, batch in payload:
                     sch = schedulers[idx]
                     finished = sch.complete(batch, end, itl)
@@ -537,11 +595,14 @@ class Simulator:
             # Arrivals released at exactly `now` by completions are routed before scheduling.
             while pending and pending[0][0] <= now:
                 _, _, req = heapq.heappop(pending)
-                entry_scheds[router.choose(req, entry_scheds)].add_request(req)
+                route(req)
             # 4. Idle units schedule their next batch (every member of a DP group at once).
             for unit, members in enumerate(units):
                 if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
                     continue
+                if async_unit[unit] and inflight_count[unit] and not may_chain[unit]:
+                    continue
+                may_chain[unit] = False
                 payload = []
                 for idx in members:
                     inst = self.instances[idx]
@@ -550,7 +611,7 @@ class Simulator:
                         for req in inst.scheduler.admitted_transfers:
                             src = self.instances[req.prefill_instance]
                             t, nbytes = kv_transfer_ns(backend, self.cluster, src, inst,
-                                                       req.num_tokens - 1)
+                                                       req.kv_transfer_tokens)
                             req.ready_ns = now + t
                             req.kv_transfer_ns = t
                             transfers_ns.append(t)
@@ -558,12 +619,13 @@ class Simulator:
                             if power.enabled:
                                 power.add_link_bytes(src.config.node_id, now, nbytes)
                             seq += 1
-                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], None))
+                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], req))
                         inst.scheduler.admitted_transfers.clear()
                     if batch is not None:
                         payload.append((idx, batch))
                     elif (inst.scheduler.waiting and not inst.scheduler.running
-                          and inflight_count[unit] == 0):
+                          and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
+                          and not inst.scheduler.receiving):
                         head = inst.scheduler.waiting[0]
                         o = inst.opts
                         if (not o.enable_chunked_prefill and o.max_num_batched_tokens
@@ -580,9 +642,9 @@ class Simulator:
                 if not payload:
                     continue
                 lead = self.instances[members[0]]
-                if lead.model.is_moe and lead.config.ep_size > 1:
+                if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
                     by_idx = dict(payload)
-                    shapes = [by_idx[i].shape if i in by_idx else DUMMY_SHAPE for i in members]
+                    shapes = [by_idx[i].shape if i in by_idx else None for i in members]
                     dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
                     dur += _tier_loads_ns(self.instances, payload)
                 elif lead.pim is not None:
@@ -594,18 +656,31 @@ class Simulator:
                     dur = backend.iteration_ns(lead, payload[0][1].shape,
                                                payload[0][1].tier_load_bytes)
                 dur = max(1, dur)
+                start = now
+                if async_unit[unit]:
+                    start = busy_until[unit] if busy_until[unit] > now else now
+                    busy_until[unit] = start + dur
+                    may_chain[unit] = True  # vLLM schedules the next step right away
+                    seq += 1
+                    heapq.heappush(in_flight, (now, seq, unit, None))
+                end = start + dur
+                if depth[unit] > 1 and not async_unit[unit]:
+                    out = last_out[unit] + max(1, dur // depth[unit])
+                    if out > end:
+                        end = out
+                    last_out[unit] = end
                 if power.enabled:
                     by_idx = dict(payload)
                     for i in members:
                         shape = by_idx[i].shape if i in by_idx else DUMMY_SHAPE
                         inst_i = self.instances[i]
                         steps.setdefault(inst_i.instance_id, []).append(
-                            (now, now + dur, iteration_memory_bytes(inst_i, shape),
+                            (start, start + dur, iteration_memory_bytes(inst_i, shape),
                              iteration_link_bytes(inst_i, shape)))
                 inflight_count[unit] += 1
                 seq += 1
-                heapq.heappush(in_flight, (now + dur, seq, unit, payload))
-                if depth[unit] > 1:
+                heapq.heappush(in_flight, (end, seq, unit, payload))
+                if depth[unit] > 1 and not async_unit[unit]:
                     # Equal stages: the next batch may enter stage 0 after one stage time.
                     free_at[unit] = now + max(1, dur // depth[unit])
                     seq += 1
@@ -632,6 +707,7 @@ class Simulator:
             summary["energy_per_output_token_j"] = energy["energy_j"] / gen if gen else None
             summary["avg_power_w"] = energy["energy_j"] / (now / 1e9) if now else None
             series.power = power.power_series()
+        summary["rejected_requests"] = len(rejected)
         summary["kv_transfers"] = len(transfers_ns)
         summary["kv_transfer_bytes"] = transfer_bytes
         summary["kv_transfer_ms"] = stats_ms(transfers_ns) if transfers_ns else None
@@ -640,68 +716,31 @@ class Simulator:
             for k, v in inst.provider.extrapolations().items():
                 extrap[k] = extrap.get(k, 0) + v
         summary["latency_extrapolations"] = extrap
+        # one number a search can constrain on: lookups the latency data did not cover
+        summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(all_reqs, summary, series)
 
-    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape],
+    def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape | None],
                      gate) -> int:
-        """One lockstep step of an expert-parallel domain (a DP group, or one instance with
-        ep > 1): every member computes its own non-MoE layers; at each MoE layer the group's
-        tokens are dispatched to the EP ranks owning their experts (all-to-all), each rank
-        runs its experts (moe.csv at its token count and activated experts), and results
-        are combined (all-to-all). The step takes the slowest member's non-MoE time plus,
-        per layer, the slowest rank's MoE time and two all-to-alls."""
-        model = members[0].model
-        ep = members[0].config.ep_size
-        k = model.num_experts_per_tok
-        layers = model.num_hidden_layers
-        non_moe = 0
-        total_tokens = 0
-        max_tokens = 0
-        for inst, shape in zip(members, shapes):
-            prov = inst.provider
-            full = self.backend.iteration_ns(inst, shape)
-            local_moe = prov.moe_ns(shape.num_tokens,
-                                    prov.expected_active_experts(shape.num_tokens))
-            non_moe = max(non_moe, full - layers * local_moe)
-            total_tokens += shape.num_tokens
-            max_tokens = max(max_tokens, shape.num_tokens)
-        prov = members[0].provider
-        moe = 0
-        for assignments, active in gate.assign(total_tokens, model.num_experts, k, ep):
-            if assignments:
-                moe = max(moe, prov.moe_ns(-(-assignments // k), active))
-        # All-to-all: each member sends the (ep-1)/ep of its tokens' top-k activations that
-        # live on other ranks, in parallel over its own link.
-        bw, lat = _link(self.cluster, members[0].config, members[-1].config)
-        a2a = self._all_to_all_ns(ep, max_tokens * k * model.hidden_size * model.dtype_bytes,
-                                  bw, lat) if ep > 1 else 0
-        return int(non_moe + layers * (moe + 2 * a2a))
-
-    def _all_to_all_ns(self, ep: int, size: int, bw: float, lat: float) -> int:
-        """One expert-parallel all-to-all of ``size`` bytes per rank, simulated by the
-        backend on the EP ranks' network (memoised by size: decode steps repeat it)."""
-        key = (ep, size, bw, lat)
-        t = self._a2a_cache.get(key)
-        if t is None:
-            network = {"topology": ["FullyConnected"], "npus_count": [ep], "bandwidth": [bw],
-                       "latency": [lat]}
-            graphs = {}
-            for r in range(ep):
-                b = GraphBuilder(r)
-                b.all_to_all(size, involved_dim=[True], name="ep_all_to_all")
-                graphs[r] = b.build()
-            t = self._a2a_cache[key] = self.backend.run_graphs(network, graphs, name="a2a")
-        return t
+        """One lockstep step of an expert-parallel domain (a DP group serving an MoE model,
+        or one instance with ep > 1); ``shapes[i]`` is None for an idle member, which runs
+        a dummy batch. See ``sim.moe_wave``."""
+        return self.moe_wave.step_ns(members, shapes, gate)
 
     def describe(self) -> dict:
         kinds = sorted({i.provider.kind for i in self.instances})
         return {
             "latency_provider": kinds[0] if len(kinds) == 1 else "mixed:" + ",".join(kinds),
             "latency_source": {str(i.instance_id): i.provider.source for i in self.instances},
+            "latency_note": {str(i.instance_id): i.provider.note for i in self.instances
+                             if i.provider.note},
+            "precision": {str(i.instance_id): i.model.precision for i in self.instances},
             "backend": self.backend.name,
             "num_instances": len(self.instances),
             "num_npus": sum(i.config.num_npus for i in self.instances),
             "kv_blocks": {str(i.instance_id): i.num_kv_blocks for i in self.instances},
+            "kv_cache": {str(i.instance_id): i.memory.as_dict(_max_model_len(i))
+                         for i in self.instances if i.memory is not None},
             "energy_j": None,
             "power_modelled": bool(self.cluster.nodes and all(n.power for n in self.cluster.nodes)),
         }

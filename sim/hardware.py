@@ -50,6 +50,22 @@ class HardwareSpec:
     pim_config: str | None = None
     #: host memory per node for that PIM device, GiB
     pim_mem_GiB: float | None = None
+    #: how ASTRA-Sim models the intra-node fabric (Switch: NVSwitch, PCIe via the host)
+    link_topology: str = "Ring"
+    #: the scale-out link between nodes (InfiniBand / RoCE NIC per GPU), per direction
+    scale_out_type: str = ""
+    scale_out_bw_GBps: float | None = None
+    scale_out_latency_ns: float | None = None
+    #: total device memory as CUDA reports it (torch.cuda.mem_get_info) for a card with
+    #: mem_size_GiB; less than the nominal size (driver/firmware reservations). None = nominal.
+    mem_reported_bytes: int | None = None
+
+    @property
+    def mem_visible_fraction(self) -> float:
+        """The share of the nominal memory that CUDA reports as the device's total."""
+        if not self.mem_reported_bytes or not self.mem_size_GiB:
+            return 1.0
+        return self.mem_reported_bytes / (self.mem_size_GiB * (1 << 30))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for a model dtype (fp8/int8 fall back to bf16 where absent)."""
@@ -91,11 +107,19 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                              source=source)
     if not ({"bf16", "fp16"} & set(peak)):
         raise InputError("field 'peak_tflops' needs a bf16 or fp16 entry", source=source)
-    opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd")}
+    opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd", "mem_reported_bytes")}
     for k, v in opt.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise InputError(f"field {k!r} must be a non-negative number, got {v!r}", source=source)
     cc = d.get("compute_capability")
+    link_type = str(d.get("link_type") or "")
+    derived = "Switch" if link_type.lower().startswith(("nvlink", "pcie")) else "Ring"
+    topo = d.get("link_topology", derived)
+    if topo not in ("Ring", "FullyConnected", "Switch"):
+        raise InputError(f"field 'link_topology' must be Ring, FullyConnected or Switch, got "
+                         f"{topo!r}", source=source)
+    scale = {k: _number(d, k, source) if d.get(k) is not None else None
+             for k in ("scale_out_bw_GBps", "scale_out_latency_ns")}
     return HardwareSpec(
         name=str(d["name"]),
         peak_tflops={str(k): float(v) for k, v in peak.items()},
@@ -107,7 +131,13 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         power_tdp_W=_number(d, "power_tdp_W", source),
         kind=str(d.get("kind") or "gpu"),
         vendor=str(d.get("vendor") or ""),
-        link_type=str(d.get("link_type") or ""),
+        link_type=link_type,
+        link_topology=topo,
+        scale_out_type=str(d.get("scale_out_type") or ""),
+        scale_out_bw_GBps=scale["scale_out_bw_GBps"] if scale["scale_out_bw_GBps"] is not None
+        else _number(d, "link_bw_GBps", source),
+        scale_out_latency_ns=scale["scale_out_latency_ns"]
+        if scale["scale_out_latency_ns"] is not None else _number(d, "link_latency_ns", source),
         compute_capability=None if cc is None else str(cc),
         clock_GHz=None if opt["clock_GHz"] is None else float(opt["clock_GHz"]),
         price_per_hour_usd=(None if opt["price_per_hour_usd"] is None
@@ -115,6 +145,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         aliases=tuple(str(a) for a in (d.get("aliases") or ())),
         pim_config=d.get("pim_config"),
         pim_mem_GiB=float(d["pim_mem_GiB"]) if d.get("pim_mem_GiB") is not None else None,
+        mem_reported_bytes=(None if opt["mem_reported_bytes"] is None
+                            else int(opt["mem_reported_bytes"])),
         source=source,
     )
 

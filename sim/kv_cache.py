@@ -1,17 +1,28 @@
-"""Paged KV-cache blocks with prefix caching, following vLLM V1's block pool.
+"""Paged KV-cache blocks with prefix caching, following vLLM V1's block pool (v0.19).
 
-Blocks hold ``block_size`` tokens. Full blocks whose token ids are known are entered in a
-radix tree keyed by each block's token ids (a path from the root spells a prefix, one
-block per edge), so a new request reuses the longest cached prefix of whole blocks. Freed
-blocks go to an LRU free queue but keep their cached contents until the queue hands them
-out again; a prefix hit on a free cached block revives it.
+Blocks hold ``block_size`` tokens. Every full block of a request's known tokens has a
+hash chained on its parent's (``hash((parent, token ids))``), as vLLM's block hasher
+makes them; a hash table maps each hash to the cached blocks holding it. A new request
+reuses the longest run of leading block hashes found in the table. Freed blocks go to an
+LRU free queue but keep their cached contents until the queue hands them out again; a
+prefix hit on a free cached block revives it.
 
-Rules taken from vLLM (v0.19) and implemented here:
+Rules taken from vLLM (``kv_cache_manager.py``, ``block_pool.py``,
+``single_type_kv_cache_manager.py``) and implemented here:
 - one block is reserved as the null block, so ``num_blocks - 1`` are usable;
 - a full-prompt hit still recomputes the last token (the hit is capped at
   ``(num_tokens - 1) // block_size`` blocks);
+- blocks enter the prefix cache when they are allocated, up to the request's known
+  tokens (``allocate`` caches ``min(computed + new, num_tokens)`` tokens): a request
+  admitted later in the same step already shares them;
+- an identical full block computed twice is cached twice (the table keeps both; a hit
+  takes the first), and evicting a block drops only that block: blocks cached after it
+  stay reachable once the same prefix is cached again;
 - freed blocks enter the free queue tail-first (a request's last blocks are evicted
   before its first ones), and allocation takes from the head (least recently freed);
+- requests without token ids still hash their blocks (salted by request id), so a
+  preempted request hits its own blocks again; so do generated tokens whose ids the
+  workload does not give;
 - ``reserve_full_isl``: a waiting request is admitted only if blocks for its whole current
   sequence, not just this chunk, are free.
 """
@@ -24,6 +35,8 @@ from sim.request import Request
 
 
 class RadixNode:
+    """A node of a lower tier's prefix tree (one block per edge)."""
+
     __slots__ = ("block_id", "children", "key", "parent")
 
     def __init__(self, key, parent, block_id: int) -> None:
@@ -31,6 +44,37 @@ class RadixNode:
         self.parent = parent
         self.children: dict = {}
         self.block_id = block_id
+
+
+def block_hashes(req: Request, block_size: int, n: int) -> list[int]:
+    """The first ``n`` (at most) block hashes of ``req``'s known tokens, computed once."""
+    hashes = req.block_hashes
+    if hashes is None:
+        hashes = req.block_hashes = []
+    have = len(hashes)
+    if have >= n:
+        return hashes
+    n_in = req.input_len
+    known = (n_in + req.num_output) // block_size
+    if n > known:
+        n = known
+    ids, out = req.input_ids, req.output_ids
+    parent = hashes[-1] if have else None
+    for i in range(have, n):
+        lo, hi = i * block_size, (i + 1) * block_size
+        if ids is None:
+            key = (-1, req.rid, i)
+        elif hi <= n_in:
+            key = tuple(ids[lo:hi])
+        elif out is None or len(out) < hi - n_in:
+            key = (-2, req.rid, i)  # generated ids unknown: unique to this request
+        elif lo >= n_in:
+            key = tuple(out[lo - n_in:hi - n_in])
+        else:
+            key = tuple(ids[lo:]) + tuple(out[:hi - n_in])
+        parent = hash((parent, key))
+        hashes.append(parent)
+    return hashes
 
 
 class KVCacheManager:
@@ -42,10 +86,14 @@ class KVCacheManager:
         self.num_blocks = num_blocks - 1  # usable blocks (vLLM reserves a null block)
         self.enable_prefix_caching = enable_prefix_caching
         self.ref = [0] * self.num_blocks
-        self.node: list[RadixNode | None] = [None] * self.num_blocks
+        #: hash of each cached block (None: not cached)
+        self.block_hash: list[int | None] = [None] * self.num_blocks
+        #: where a cached block's hash chain lives: (that request's hash list, index)
+        self.block_src: list[tuple[list[int], int] | None] = [None] * self.num_blocks
+        #: hash -> the cached blocks holding it, first cached first
+        self.cached: dict[int, dict[int, None]] = {}
         # LRU free queue of block ids (insertion order = eviction order).
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
-        self.root = RadixNode(None, None, -1)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.lower_tier = lower_tier if enable_prefix_caching else None
@@ -67,91 +115,75 @@ class KVCacheManager:
         return -(-tokens // self.block_size)
 
     # -------------------------------------------------------------- prefix cache
-    def _block_key(self, req: Request, i: int) -> tuple:
-        """Token ids of block ``i`` of ``req``'s sequence (prompt then generated tokens)."""
-        bs = self.block_size
-        lo, hi = i * bs, (i + 1) * bs
-        ids, n_in = req.input_ids, req.input_len
-        if hi <= n_in:
-            return tuple(ids[lo:hi])
-        out = req.output_ids
-        if lo >= n_in:
-            return tuple(out[lo - n_in:hi - n_in])
-        return tuple(ids[lo:]) + tuple(out[:hi - n_in])
-
     def lookup_lower(self, req: Request, npu_blocks: int) -> int:
         """Blocks beyond the NPU hit that the lower tier holds (to be loaded)."""
         tier = self.lower_tier
-        if tier is None or req.input_ids is None:
+        if tier is None:
             return 0
-        known = req.input_len + (req.num_output if req.output_ids else 0)
-        max_blocks = (min(req.num_tokens, known + 1) - 1) // self.block_size
+        max_blocks = (req.num_tokens - 1) // self.block_size
         if max_blocks <= npu_blocks:
             return 0
-        return max(0, tier.match(lambda i: self._block_key(req, i), max_blocks) - npu_blocks)
+        hashes = block_hashes(req, self.block_size, max_blocks)
+        max_blocks = min(max_blocks, len(hashes))
+        return max(0, tier.match(hashes.__getitem__, max_blocks) - npu_blocks)
 
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (at most num_tokens - 1)."""
-        if not self.enable_prefix_caching or req.input_ids is None:
+        if not self.enable_prefix_caching:
             return []
-        known = req.input_len + (req.num_output if req.output_ids else 0)
-        max_blocks = (min(req.num_tokens, known + 1) - 1) // self.block_size
-        node = self.root
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hashes = block_hashes(req, self.block_size, max_blocks)
+        cached = self.cached
         hit: list[int] = []
-        for i in range(max_blocks):
-            child = node.children.get(self._block_key(req, i))
-            if child is None:
+        for i in range(min(max_blocks, len(hashes))):
+            blocks = cached.get(hashes[i])
+            if blocks is None:
                 break
-            hit.append(child.block_id)
-            node = child
+            hit.append(next(iter(blocks)))
         return hit
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Enter ``req``'s newly full, computed blocks into the radix tree."""
-        full = req.num_computed // self.block_size
-        start = req.cached_hashes or 0
-        if full <= start or req.input_ids is None:
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Enter ``req``'s full blocks among its first ``num_tokens`` tokens in the cache."""
+        if not self.enable_prefix_caching:
             return
-        if full * self.block_size > req.input_len and not req.output_ids:
-            full = req.input_len // self.block_size  # generated ids unknown: prompt only
-            if full <= start:
-                return
-        node = req.cache_node if start else self.root
-        if node is None or (start and self.node[req.block_ids[start - 1]] is not node):
-            # The path to our last cached block was evicted meanwhile: re-walk from root.
-            node, start = self.root, 0
+        start = req.cached_hashes or 0
+        full = num_tokens // self.block_size
+        if full <= start:
+            return
+        hashes = block_hashes(req, self.block_size, full)
+        if len(hashes) < full:
+            full = len(hashes)
+        cached, bh, src, bids = self.cached, self.block_hash, self.block_src, req.block_ids
         for i in range(start, full):
-            key = self._block_key(req, i)
-            child = node.children.get(key)
-            bid = req.block_ids[i]
-            if child is None:
-                if self.node[bid] is not None:  # this block is already cached elsewhere
-                    child = self.node[bid]
-                else:
-                    child = RadixNode(key, node, bid)
-                    node.children[key] = child
-                    self.node[bid] = child
-            node = child
+            bid = bids[i]
+            h = hashes[i]
+            bh[bid] = h
+            src[bid] = (hashes, i)
+            blocks = cached.get(h)
+            if blocks is None:
+                cached[h] = {bid: None}
+            else:
+                blocks[bid] = None
         req.cached_hashes = full
-        req.cache_node = node
 
-    def _path_keys(self, node: RadixNode) -> list[tuple]:
-        keys = []
-        while node is not None and node.key is not None:
-            keys.append(node.key)
-            node = node.parent
-        keys.reverse()
-        return keys
+    def cache_full_blocks(self, req: Request) -> None:
+        """Cache ``req``'s computed full blocks (those of its first num_computed tokens)."""
+        self.cache_blocks(req, min(req.num_computed, req.num_tokens))
 
     def _evict(self, bid: int) -> None:
-        n = self.node[bid]
-        if n is not None:
-            if self.lower_tier is not None and n.parent is not None:
-                # Evicted from the NPU: keep the block in the lower tier.
-                self.lower_tier.insert_path(self._path_keys(n))
-            if n.parent is not None and n.parent.children.get(n.key) is n:
-                del n.parent.children[n.key]
-            self.node[bid] = None
+        h = self.block_hash[bid]
+        if h is None:
+            return
+        blocks = self.cached[h]
+        del blocks[bid]
+        if not blocks:
+            del self.cached[h]
+        if self.lower_tier is not None:
+            # Evicted from the NPU: keep the block (and the path to it) in the lower tier.
+            hashes, i = self.block_src[bid]
+            self.lower_tier.insert_path(hashes[:i + 1])
+        self.block_hash[bid] = None
+        self.block_src[bid] = None
 
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
@@ -162,43 +194,59 @@ class KVCacheManager:
         return need <= len(self.free) - hit_free
 
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
-        """Make room for ``num_new`` more tokens of ``req``; False if blocks run out."""
+        """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
+        prefix hit), and cache its full blocks among them; False if blocks run out."""
+        bs = self.block_size
+        computed = req.num_computed
+        free, ref = self.free, self.ref
         if hit_blocks:
-            hit_free = sum(1 for b in hit_blocks if self.ref[b] == 0)
-            need = self.blocks_for(len(hit_blocks) * self.block_size + num_new) - len(hit_blocks)
-            if need > len(self.free) - hit_free:
+            computed += len(hit_blocks) * bs
+            hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
+            need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
+            if need < 0:
+                need = 0
+            if need + hit_free > len(free):
                 return False
             for b in hit_blocks:
-                if self.ref[b] == 0:
-                    del self.free[b]
-                self.ref[b] += 1
+                if ref[b] == 0:
+                    del free[b]
+                ref[b] += 1
             req.block_ids = list(hit_blocks)
             req.cached_hashes = len(hit_blocks)
-            req.cache_node = self.node[hit_blocks[-1]]
-        computed = len(hit_blocks) * self.block_size if hit_blocks else req.num_computed
-        need = self.blocks_for(computed + num_new) - len(req.block_ids)
-        if need <= 0:
-            return True
-        if need > len(self.free):
-            return False
-        free = self.free
-        for _ in range(need):
-            bid, _ = free.popitem(last=False)
-            if self.node[bid] is not None:
-                self._evict(bid)
-            self.ref[bid] = 1
-            req.block_ids.append(bid)
+        else:
+            need = -(-(computed + num_new) // bs) - len(req.block_ids)
+            if need > len(free):
+                return False
+        if need > 0:
+            block_hash = self.block_hash
+            append = req.block_ids.append
+            for _ in range(need):
+                bid, _ = free.popitem(last=False)
+                if block_hash[bid] is not None:
+                    self._evict(bid)
+                ref[bid] = 1
+                append(bid)
+        if self.enable_prefix_caching:
+            n = computed + num_new
+            known = req.input_len + req.num_output
+            if n > known:
+                n = known
+            if n // bs > (req.cached_hashes or 0):
+                self.cache_blocks(req, n)
         return True
 
-    def free_request(self, req: Request) -> None:
-        free = self.free
-        for bid in reversed(req.block_ids):
-            self.ref[bid] -= 1
-            if self.ref[bid] == 0:
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """Release blocks, last first (a request's tail blocks are evicted first)."""
+        free, ref = self.free, self.ref
+        for bid in reversed(block_ids):
+            ref[bid] -= 1
+            if ref[bid] == 0:
                 free[bid] = None
+
+    def free_request(self, req: Request) -> None:
+        self.free_blocks(req.block_ids)
         req.block_ids = []
         req.cached_hashes = None
-        req.cache_node = None
 
 
 class PrefixTier:

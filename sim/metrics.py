@@ -2,18 +2,24 @@
 
 Kept apart from the simulation: the engine records plain numbers, and this module turns
 them into tables and JSON at the end (pandas/numpy only here, never in the loop).
+pandas is imported only when a DataFrame is asked for: the CLI writes its CSVs with the csv
+module, so `llmsim run` does not pay pandas' import time.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REQUEST_COLUMNS = ("request_id", "instance_id", "session_id", "sub_request_index", "arrival_ns",
                    "first_token_ns", "last_token_ns", "input_tokens", "output_tokens", "ttft_ns",
@@ -60,7 +66,8 @@ class TimeSeries:
         self.waiting[b] = waiting
         self.kv[b] = kv
 
-    def table(self) -> pd.DataFrame:
+    def columns(self) -> dict[str, list]:
+        """The time series as named columns of equal length."""
         sec = self.interval_ns / 1e9
         n = max([len(self.prompt)] + [len(v) for v in self.power.values()])
 
@@ -77,7 +84,12 @@ class TimeSeries:
         }
         for name, values in self.power.items():
             cols[name] = pad(values, 0.0)
-        return pd.DataFrame(cols)
+        return cols
+
+    def table(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.columns())
 
 
 @dataclass
@@ -86,7 +98,8 @@ class RunResult:
     summary: dict
     timeseries: TimeSeries
 
-    def requests_table(self) -> pd.DataFrame:
+    def request_rows(self) -> list[tuple]:
+        """One tuple per request in REQUEST_COLUMNS order, sorted by request id."""
         rows = []
         for r in self.requests:
             ttft = r.first_token_ns - r.arrival_ns
@@ -96,8 +109,13 @@ class RunResult:
                          r.last_token_ns - r.arrival_ns, r.first_scheduled_ns - r.arrival_ns,
                          r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns,
                          r.prefill_instance, r.kv_transfer_ns))
-        df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
-        return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+        rows.sort(key=lambda row: row[0])  # stable: equal ids keep their order
+        return rows
+
+    def requests_table(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.request_rows(), columns=list(REQUEST_COLUMNS))
 
     def timeseries_table(self) -> pd.DataFrame:
         return self.timeseries.table()
@@ -108,11 +126,20 @@ class RunResult:
             if p:
                 Path(p).parent.mkdir(parents=True, exist_ok=True)
         if output_csv:
-            self.requests_table().to_csv(output_csv, index=False)
+            _write_csv(output_csv, REQUEST_COLUMNS, self.request_rows())
         if summary_json:
             Path(summary_json).write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
         if timeseries_csv:
-            self.timeseries_table().to_csv(timeseries_csv, index=False)
+            cols = self.timeseries.columns()
+            _write_csv(timeseries_csv, list(cols), zip(*cols.values()))
+
+
+def _write_csv(path: str | Path, header, rows) -> None:
+    """Write rows as pandas' ``to_csv(index=False)`` would: None as an empty field."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_s: float,

@@ -9,7 +9,7 @@ latency providers walk.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -41,6 +41,17 @@ HEAD_PER_SEQUENCE = ("lm_head", "sampler")
 # Layers after which a TP all-reduce runs (row-parallel outputs).
 TP_ALLREDUCE_AFTER = frozenset({"o_proj", "down_proj", "moe"})
 
+#: weight quantizations the simulator models -> bytes per weight of the linear layers.
+#: "fp8" is W8A8 FP8 as vLLM serves FP8 checkpoints (and ``--quantization fp8``): the
+#: attention, MLP and expert linears hold FP8 weights and run FP8 GEMMs on dynamically
+#: quantized activations; embedding, lm_head, the MoE router and norms stay in the model
+#: dtype, and activations between layers (so the TP all-reduce) stay bf16.
+QUANTIZATIONS = {"fp8": 1}
+#: vLLM's --kv-cache-dtype values we model -> bytes per element ("auto" = the model dtype)
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1,
+                   "fp8_e5m2": 1}
+_UNSET = object()
+
 _HF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3",
                       "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
 
@@ -61,7 +72,13 @@ class ModelSpec:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    #: longest position the rotary table covers (HF max_position_embeddings; 0 = unknown)
+    max_position_embeddings: int = 0
     aliases: tuple[str, ...] = field(default=())
+    #: weight quantization of the checkpoint or as served (None = weights in ``dtype``)
+    quantization: str | None = None
+    #: KV-cache element type as vLLM's --kv-cache-dtype ("auto" = ``dtype``)
+    kv_cache_dtype: str = "auto"
 
     # ---- derived quantities -------------------------------------------------------
     @property
@@ -71,6 +88,57 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def weight_dtype_bytes(self, quant=_UNSET) -> int:
+        """Bytes per weight of the quantized linear layers (``quant`` defaults to the spec's)."""
+        q = self.quantization if quant is _UNSET else quant
+        return QUANTIZATIONS[q] if q else self.dtype_bytes
+
+    def kv_dtype_bytes(self, kv_dtype=_UNSET) -> int:
+        """Bytes per KV-cache element (``kv_dtype`` defaults to the spec's)."""
+        k = self.kv_cache_dtype if kv_dtype is _UNSET else kv_dtype
+        return KV_CACHE_DTYPES.get(k or "auto") or self.dtype_bytes
+
+    @property
+    def is_fp8(self) -> bool:
+        """FP8 GEMMs (W8A8) run in this spec's precision."""
+        return self.quantization == "fp8"
+
+    @property
+    def kv_is_fp8(self) -> bool:
+        """The KV cache is stored in FP8 (--kv-cache-dtype fp8*)."""
+        return self.kv_cache_dtype.startswith("fp8")
+
+    @property
+    def precision(self) -> str:
+        """Short label of the served precision: "bf16", "fp8", "fp8+kv-fp8", "bf16+kv-fp8"."""
+        base = self.quantization or {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
+            self.dtype, self.dtype)
+        return base + ("+kv-fp8" if self.kv_is_fp8 else "")
+
+    def with_precision(self, quantization=_UNSET, kv_cache_dtype=_UNSET,
+                       source: str | None = None) -> ModelSpec:
+        """This spec served at another precision (vLLM's --quantization / --kv-cache-dtype).
+
+        ``quantization`` None keeps the checkpoint's (vLLM infers it from the config)."""
+        q = self.quantization if quantization is _UNSET or quantization is None else quantization
+        kv = self.kv_cache_dtype if kv_cache_dtype is _UNSET or kv_cache_dtype is None \
+            else kv_cache_dtype
+        if q not in (None, *QUANTIZATIONS):
+            raise unknown_name("quantization", q, QUANTIZATIONS, source)
+        if kv not in KV_CACHE_DTYPES:
+            raise unknown_name("kv_cache_dtype", kv, KV_CACHE_DTYPES, source)
+        if q == self.quantization and kv == self.kv_cache_dtype:
+            return self
+        return replace(self, quantization=q, kv_cache_dtype=kv)
+
+    def expected_active_experts(self, tokens: int) -> int:
+        """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly (the
+        expectation every provider uses for an MoE layer of a local batch)."""
+        e, k = self.num_experts, self.num_experts_per_tok
+        if not e:
+            return 0
+        return max(1, min(e, round(e * (1.0 - (1.0 - k / e) ** max(0, tokens)))))
 
     @property
     def block_sequence(self) -> tuple[str, ...]:
@@ -111,33 +179,38 @@ class ModelSpec:
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.num_hidden_layers * per_block + embed + lm_head + h
 
-    def weight_bytes(self, tp: int = 1, pp: int = 1, ep: int = 1) -> int:
+    def weight_bytes(self, tp: int = 1, pp: int = 1, ep: int = 1, quant=_UNSET) -> int:
         """Weight bytes held by one NPU of a (tp, pp, ep) instance.
 
         Attention and dense MLP weights shard over tp; experts shard over the ep ranks
         (or over tp when ep is 1); the embedding and lm_head shard over tp and live on the first
-        and last pipeline stage. Norms are replicated (negligible).
+        and last pipeline stage. Norms are replicated (negligible). Under ``quant`` (default:
+        the spec's quantization) the linear layers take its bytes per weight; embedding,
+        lm_head, router and norms keep the model dtype (vLLM leaves them unquantized).
         """
         h = self.hidden_size
+        wb, db = self.weight_dtype_bytes(quant), self.dtype_bytes
         layers_per_stage = -(-self.num_hidden_layers // pp)
-        attn = self.attention_params() / tp
+        attn = self.attention_params() / tp * wb
         if self.is_moe:
             # Experts shard over the EP ranks (whole experts), or over tp when ep is 1.
             experts = self.num_experts * 3 * h * self.moe_intermediate_size / max(ep, tp)
-            mlp = experts + h * self.num_experts
+            mlp = experts * wb + h * self.num_experts * db
         else:
-            mlp = self.mlp_params() / tp
-        blocks = layers_per_stage * (attn + mlp + 2 * h)
+            mlp = self.mlp_params() / tp * wb
+        blocks = layers_per_stage * (attn + mlp + 2 * h * db)
         embed = self.vocab_size * h / tp
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h / tp
         ends = embed + lm_head if pp == 1 else max(embed, lm_head)
-        return int((blocks + ends) * self.dtype_bytes)
+        return int(blocks + ends * db)
 
-    def kv_bytes_per_token(self, tp: int = 1, pp: int = 1) -> int:
-        """KV-cache bytes per token on one NPU (K and V, every layer of its stage)."""
+    def kv_bytes_per_token(self, tp: int = 1, pp: int = 1, kv_dtype=_UNSET) -> int:
+        """KV-cache bytes per token on one NPU (K and V, every layer of its stage), in
+        ``kv_dtype`` (default: the spec's kv_cache_dtype)."""
         kv_heads_per_rank = max(1, self.num_key_value_heads // tp)
         layers_per_stage = -(-self.num_hidden_layers // pp)
-        return 2 * layers_per_stage * kv_heads_per_rank * self.head_dim * self.dtype_bytes
+        return (2 * layers_per_stage * kv_heads_per_rank * self.head_dim
+                * self.kv_dtype_bytes(kv_dtype))
 
     def check_tp(self, tp: int, source: str | None = None) -> None:
         if tp < 1 or self.num_attention_heads % tp:
@@ -171,8 +244,16 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
         num_experts=int(d.get("num_experts") or 0),
         num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
+        max_position_embeddings=int(d.get("max_position_embeddings") or 0),
         aliases=tuple(d.get("aliases") or ()),
+        quantization=d.get("quantization") or None,
+        kv_cache_dtype=str(d.get("kv_cache_dtype") or "auto"),
     )
+    if spec.quantization not in (None, *QUANTIZATIONS):
+        raise InputError(f"field 'quantization': {spec.quantization!r} is not modelled; "
+                         f"supported: {', '.join(QUANTIZATIONS)} (or none)", source=source)
+    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise unknown_name("kv_cache_dtype", spec.kv_cache_dtype, KV_CACHE_DTYPES, source)
     if spec.dtype not in DTYPE_BYTES:
         raise unknown_name("dtype", spec.dtype, DTYPE_BYTES, source)
     if spec.is_moe and not (spec.num_experts_per_tok and spec.moe_intermediate_size):
@@ -208,8 +289,37 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         "num_experts": experts,
         "num_experts_per_tok": cfg.get("num_experts_per_tok") or 0,
         "moe_intermediate_size": moe_inter,
+        "max_position_embeddings": cfg.get("max_position_embeddings") or 0,
+        "quantization": hf_quantization(cfg.get("quantization_config"), str(path)),
     }
     return _from_mapping(mapping, str(path))
+
+
+def hf_quantization(qcfg: dict | None, source: str) -> str | None:
+    """The weight quantization a HF ``quantization_config`` declares, in our names.
+
+    FP8 checkpoints come as ``quant_method: fp8`` (e.g. Qwen's, block-wise scales),
+    ``compressed-tensors`` with 8-bit float weights (RedHat/NeuralMagic's) or ModelOpt's
+    ``quant_algo: FP8``; all run as W8A8 FP8 in vLLM. Anything else is not modelled."""
+    if not qcfg:
+        return None
+    if not isinstance(qcfg, dict):
+        raise InputError("quantization_config must be a mapping", source=source)
+    method = str(qcfg.get("quant_method") or "").lower()
+    if method == "fp8":
+        return "fp8"
+    if method in ("modelopt", "modelopt_fp8") and str(
+            qcfg.get("quant_algo") or (qcfg.get("quantization") or {}).get("quant_algo")
+            or "").upper() == "FP8":
+        return "fp8"
+    if method == "compressed-tensors":
+        groups = (qcfg.get("config_groups") or {}).values()
+        weights = [g.get("weights") or {} for g in groups if isinstance(g, dict)]
+        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights):
+            return "fp8"
+    raise InputError(f"quantization_config (quant_method={method or None!r}) is not modelled; "
+                     "supported: FP8 checkpoints (quant_method fp8, compressed-tensors 8-bit "
+                     "float, modelopt FP8)", source=source)
 
 
 @cache
@@ -241,3 +351,27 @@ def load_model(name_or_path: str, source: str | None = None) -> ModelSpec:
     if p.is_dir() and (p / "config.json").is_file():
         return from_hf_config(p / "config.json", name=p.name)
     raise unknown_name("model", name_or_path, known_models(), source)
+
+
+def check_fp8_hardware(model: ModelSpec, hardware: str, source: str | None = None) -> None:
+    """FP8 weights or KV cache need FP8 tensor cores: the hardware entry's fp8 peak."""
+    if not (model.is_fp8 or model.kv_is_fp8):
+        return
+    from sim.hardware import load_hardware
+
+    hw = load_hardware(hardware, source=source)
+    if "fp8" not in hw.peak_tflops:
+        what = "quantization=fp8" if model.is_fp8 else f"kv_cache_dtype={model.kv_cache_dtype}"
+        raise InputError(f"{what} for {model.name} needs FP8 support but hardware {hw.name!r} "
+                         f"has no fp8 entry in peak_tflops (has {sorted(hw.peak_tflops)})",
+                         source=source)
+
+
+def served_model(name_or_path: str, hardware: str, quantization: str | None = None,
+                 kv_cache_dtype: str | None = None, source: str | None = None) -> ModelSpec:
+    """The model as one instance serves it: the checkpoint's spec at the requested
+    precision (``quantization`` None keeps the checkpoint's), checked against the hardware."""
+    model = load_model(name_or_path, source=f"{source}: model_name" if source else None)
+    model = model.with_precision(quantization, kv_cache_dtype, source=source)
+    check_fp8_hardware(model, hardware, source)
+    return model

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field, fields, replace
 
 from sim.errors import InputError
 
+#: vLLM 0.19's ParallelConfig.all2all_backend values the simulator models (the first is
+#: vLLM 0.19's default)
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput",
+                    "deepep_low_latency")
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -24,6 +29,16 @@ class SimOptions:
     #: vLLM's scheduler_reserve_full_isl: admit a waiting request only if its whole
     #: sequence fits in free KV blocks, not merely its first chunk
     reserve_full_isl: bool = True
+    #: vLLM's async scheduling (step N+1 is scheduled before step N's outputs are
+    #: processed); None follows the simulated vLLM version (on from 0.14, as in 0.19)
+    async_scheduling: bool | None = None
+    #: the vLLM release whose defaults are simulated where rules changed between releases
+    vllm_version: str = "0.19.0"
+    #: waiting-queue order and preemption victim: "fcfs" or "priority" (vLLM's policy)
+    scheduling_policy: str = "fcfs"
+    #: longest sequence (prompt + output); longer prompts are rejected, outputs stop
+    #: there. None: no limit beyond the KV capacity
+    max_model_len: int | None = None
     #: lower prefix-cache tier for blocks evicted from the NPU: None, "CPU" or "CXL"
     prefix_storage: str | None = None
     #: all instances of a node share one lower-tier pool
@@ -38,10 +53,23 @@ class SimOptions:
     enable_sub_batch_interleaving: bool = False
     #: MoE expert-gate policy (BALANCED, RR, RAND or a registered one)
     expert_routing_policy: str = "RAND"
+    #: how MoE layers exchange tokens across a DP group (vLLM's all2all_backend):
+    #: allgather_reducescatter (vLLM 0.19's default), naive, deepep_high_throughput,
+    #: deepep_low_latency
+    all2all_backend: str = "allgather_reducescatter"
+    #: largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to a common
+    #: token count when all of them run a graph. None: vLLM's default, min(2 * max_num_seqs,
+    #: 512); 0: eager mode (no graphs, no DP padding)
+    max_cudagraph_capture_size: int | None = None
     #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
     pd_decode_policy: str = "LOAD"
     seed: int = 0
-    #: "auto" (measured where a bundle exists, else roofline), "measured", "roofline", "aic"
+    #: weight quantization as vLLM's --quantization: None (the checkpoint's) or "fp8" (W8A8)
+    quantization: str | None = None
+    #: vLLM's --kv-cache-dtype: "auto" (the model dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
+    kv_cache_dtype: str = "auto"
+    #: "auto" (measured bundle, then aiconfigurator's database, then roofline) or a
+    #: registered provider name (sim.latency.base.LATENCY_PROVIDERS)
     latency_provider: str = "auto"
     #: extra folders searched for profile bundles (before the project's and ../shared's)
     profiles_dirs: tuple[str, ...] = ()
@@ -57,6 +85,13 @@ class SimOptions:
     max_sim_time_ns: int | None = None
     progress: bool = False
     extra: dict = field(default_factory=dict)
+
+    @property
+    def async_enabled(self) -> bool:
+        """Whether async scheduling is on: the option, or the simulated version's default."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return _version_tuple(self.vllm_version) >= (0, 14)
 
     def replace(self, **kw) -> SimOptions:
         return replace(self, **kw)
@@ -87,11 +122,41 @@ class SimOptions:
         if self.enable_sub_batch_interleaving and not self.enable_attn_offloading:
             raise InputError("sub-batch interleaving overlaps NPU work with PIM attention: it "
                              "needs --enable-attn-offloading")
+        from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise InputError(f"option quantization: {self.quantization!r} is not modelled; "
+                             f"allowed: {', '.join(QUANTIZATIONS)} (or none)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InputError(f"option kv_cache_dtype: {self.kv_cache_dtype!r} is not modelled; "
+                             f"allowed: {', '.join(KV_CACHE_DTYPES)}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise InputError(f"option scheduling_policy must be fcfs or priority, got "
+                             f"{self.scheduling_policy!r}")
+        if self.max_model_len is not None and (
+                not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise InputError(f"option max_model_len must be an integer >= 2, got "
+                             f"{self.max_model_len!r}")
+        try:
+            _version_tuple(self.vllm_version)
+        except ValueError:
+            raise InputError(f"option vllm_version must look like 0.19.0, got "
+                             f"{self.vllm_version!r}") from None
+        if self.all2all_backend not in ALL2ALL_BACKENDS:
+            raise InputError(f"all2all_backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
+                             f"got {self.all2all_backend!r}")
+        cap = self.max_cudagraph_capture_size
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise InputError("option max_cudagraph_capture_size must be an integer >= 0 (0 = "
+                             f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
         if not isinstance(self.timeseries_interval_ns, int) or self.timeseries_interval_ns < 1:
             raise InputError("option timeseries_interval_ns must be a positive integer, got "
                              f"{self.timeseries_interval_ns!r}")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(v).split(".")[:3])
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))

@@ -185,7 +185,7 @@ class PimAttention:
         self.model = model
         self.tp = tp
         self.kv_bytes_per_token_layer = 2 * model.num_key_value_heads * model.head_dim * \
-            model.dtype_bytes
+            model.kv_dtype_bytes()
         self.link_bytes_per_ns = link_bw_GBps * (1 << 30) / 1e9
         self.link_latency_ns = link_latency_ns
 

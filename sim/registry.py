@@ -41,5 +41,12 @@ class Registry(Generic[T]):
             raise unknown_name(self.kind, name, self._factories, source) from None
         return factory(*args, **kwargs)
 
+    def get(self, name: str, source: str | None = None) -> Callable[..., T]:
+        """The factory registered under ``name`` (a wrong name lists the valid ones)."""
+        try:
+            return self._factories[name]
+        except KeyError:
+            raise unknown_name(self.kind, name, self._factories, source) from None
+
     def __contains__(self, name: object) -> bool:
         return name in self._factories

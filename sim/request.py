@@ -1,14 +1,16 @@
 """Requests: plain data mutated by the scheduler, read by metrics.
 
 A request is created from a workload line (or a generator), routed to one instance, and
-moves WAITING -> RUNNING (-> PREEMPTED -> WAITING ...) -> FINISHED. Token accounting
-follows vLLM: ``num_computed`` tokens have KV in cache; the sequence is the prompt plus
-the ``num_output`` tokens generated so far.
+moves WAITING -> RUNNING (-> PREEMPTED -> RUNNING ...) -> FINISHED. Token accounting
+follows vLLM: ``num_computed`` counts the tokens whose KV is computed or scheduled (it
+advances when a step is scheduled, as vLLM's ``num_computed_tokens`` does); the sequence
+is the prompt plus the ``num_output`` tokens generated so far; ``num_placeholders`` counts
+tokens being sampled by steps still in flight (async scheduling).
 """
 
 from __future__ import annotations
 
-WAITING, RUNNING, FINISHED = 0, 1, 2
+WAITING, RUNNING, FINISHED, PREEMPTED = 0, 1, 2, 3
 
 
 class Request:
@@ -18,8 +20,9 @@ class Request:
         # runtime state
         "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
         "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-        "finish_ns", "itl_max_ns", "cached_hashes", "cache_node", "in_flight", "lower_hit", "remote_kv", "ready_ns", "prefill_instance",
-        "kv_transfer_ns",
+        "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
+        "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
+        "handoff_blocks", "kv_transfer_tokens",
     )
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
@@ -50,13 +53,21 @@ class Request:
         self.finish_ns = -1
         self.itl_max_ns = 0
         self.cached_hashes = None
-        self.cache_node = None
-        self.in_flight = False
+        self.block_hashes: list[int] | None = None
+        self.num_placeholders = 0
         self.lower_hit = 0
         self.remote_kv = False
         self.ready_ns = -1
         self.prefill_instance = -1
         self.kv_transfer_ns = 0
+        #: scheduling priority (lower runs first) under the "priority" policy
+        self.priority = 0
+        #: refused at arrival (prompt longer than max_model_len)
+        self.rejected = False
+        #: PD prefill side: blocks held until the decode side has read them
+        self.handoff_blocks: list[int] | None = None
+        #: PD decode side: prompt tokens whose KV is transferred (those not cached there)
+        self.kv_transfer_tokens = 0
 
     @property
     def num_tokens(self) -> int:

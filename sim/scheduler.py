@@ -1,27 +1,46 @@
 """Per-instance continuous-batching scheduler with vLLM V1 (v0.19) semantics.
 
-Each step:
-1. Running requests first, in order. Each asks for the rest of its prompt (chunked,
-   capped by ``long_prefill_token_threshold`` and the remaining token budget) or one
-   decode token. If KV blocks run out, the most recently admitted running request is
-   preempted (its blocks freed, its progress dropped: recompute) and put at the front of
-   the waiting queue; if the victim is the request being scheduled, the loop stops.
-2. Only if nothing was preempted this step: waiting requests in FCFS order, while the
-   budget lasts and fewer than ``max_num_seqs`` run. A request first reuses its longest
-   cached prefix; with ``reserve_full_isl`` it is admitted only if its whole sequence
-   fits in the free blocks. Without chunked prefill a prompt that exceeds the remaining
-   budget waits. The first waiting request that cannot be admitted stops admission (FCFS).
+The rules are those of vLLM's ``vllm/v1/core/sched/scheduler.py`` (and
+``async_scheduler.py``), checked step by step against vLLM's own scheduler by
+``tests/test_sim_vllm_scheduler_parity.py``. Each ``schedule``:
+
+1. Running requests first, in order. Each asks for the rest of its sequence, counting
+   tokens still being sampled by steps in flight (chunked, capped by
+   ``long_prefill_token_threshold``, the remaining token budget and ``max_model_len``).
+   A request whose previous step is still in flight and has nothing new to compute is
+   skipped (pipeline parallelism without async scheduling); with async scheduling a
+   request already certain to finish with its step in flight gets no extra step. If KV
+   blocks run out, a running request is preempted (its blocks freed, its progress
+   dropped: recompute) and put back at the front of the waiting queue: the most recently
+   admitted one (``fcfs``) or the one of lowest priority, latest arrival (``priority``);
+   if the victim is the request being scheduled, the loop stops.
+2. Only if nothing was preempted this step: waiting requests in queue order (FCFS, or
+   priority then arrival), while the budget lasts and fewer than ``max_num_seqs`` run.
+   A request first reuses its longest cached prefix; with ``reserve_full_isl`` it is
+   admitted only if its whole sequence fits in the free blocks. Without chunked prefill
+   a prompt that exceeds the remaining budget waits. The first waiting request that
+   cannot be admitted stops admission.
+3. Every scheduled request's ``num_computed`` advances now, not when the step ends (so
+   chunks of one prompt overlap across pipeline stages). A step that reaches the end of
+   the sequence samples a token; with async scheduling it counts as a placeholder until
+   the step completes.
+
+``complete`` applies a finished step: it appends the sampled tokens (also to a request
+preempted meanwhile), finishes requests at their output length or ``max_model_len``,
+and frees their blocks.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
 from sim.kv_cache import KVCacheManager
 from sim.latency.base import BatchShape
 from sim.options import SimOptions
-from sim.request import FINISHED, RUNNING, WAITING, Request
+from sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
 
 
 @dataclass(slots=True)
@@ -33,6 +52,39 @@ class Batch:
     decode_tokens: int
     #: bytes of KV loaded from the lower prefix tier this step (its hits)
     tier_load_bytes: int = 0
+    #: per request: this step reaches the end of its sequence and samples a token
+    samples: list[bool] | None = None
+
+
+class PriorityQueue:
+    """vLLM's priority waiting queue: a heap ordered by (priority, arrival, request id)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, int, Request]] = []
+        self._count = itertools.count()
+
+    def append(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival_ns, req.rid, next(self._count), req))
+
+    appendleft = append  # a preempted request goes back by its priority
+
+    def popleft(self) -> Request:
+        return heapq.heappop(self._heap)[4]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [e for e in self._heap if e[4] is not req]
+        heapq.heapify(self._heap)
+
+    def __getitem__(self, i: int) -> Request:
+        if i != 0:
+            raise IndexError("only the head of a priority queue can be read")
+        return self._heap[0][4]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self):
+        return (e[4] for e in sorted(self._heap, key=lambda e: e[:4]))
 
 
 class Scheduler:
@@ -40,23 +92,33 @@ class Scheduler:
         self.instance_id = instance_id
         self.opts = opts
         self.kv = kv
-        self.waiting: deque[Request] = deque()
+        self.priority = opts.scheduling_policy == "priority"
+        self.waiting: deque[Request] | PriorityQueue = (
+            PriorityQueue() if self.priority else deque())
         self.running: list[Request] = []
         self.num_preemptions = 0
+        #: requests preempted by the last schedule call
+        self.preempted_last: list[Request] = []
         self.max_num_seqs = opts.max_num_seqs
         # 0 means no token budget (LLMServingSim's convention for decode instances).
         self.budget = opts.max_num_batched_tokens or (1 << 40)
         self.threshold = opts.long_prefill_token_threshold
         self.chunked = opts.enable_chunked_prefill
         self.reserve_full = opts.reserve_full_isl
+        self.async_scheduling = opts.async_enabled
+        self.max_model_len = opts.max_model_len or (1 << 40)
         #: bytes of one KV block of the whole instance (what a lower-tier hit loads)
         self.tier_block_bytes = 0
         #: PD disaggregation role: None, "prefill" or "decode"
         self.role: str | None = None
         #: prefill role: requests whose prefill finished, to be handed to a decode instance
         self.handoffs: list[Request] = []
+        #: prefill role: handed-off requests whose blocks are kept until their KV is read
+        self.held_handoffs = 0
         #: decode role: requests admitted this step whose KV must now be transferred in
         self.admitted_transfers: list[Request] = []
+        #: decode role: requests holding blocks while their KV is transferred in
+        self.receiving: list[Request] = []
 
     def add_request(self, req: Request) -> None:
         req.instance_id = self.instance_id
@@ -65,122 +127,221 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not self.running and not self.waiting
+        return not self.running and not self.waiting and not self.receiving
 
     def load(self) -> int:
         """vLLM-style load score used by the LOAD router."""
-        return len(self.waiting) * 4 + len(self.running)
+        return len(self.waiting) * 4 + len(self.running) + len(self.receiving)
 
     def _preempt(self, victim: Request) -> None:
         self.kv.free_request(victim)
         victim.num_computed = 0
         victim.remote_kv = False  # its transferred KV is gone: recompute locally
-        victim.status = WAITING
+        victim.status = PREEMPTED
         victim.preemptions += 1
         self.num_preemptions += 1
+        self.preempted_last.append(victim)
         self.waiting.appendleft(victim)
 
-    def schedule(self, now: int) -> Batch | None:
-        budget = self.budget
+    def _pick_victim(self) -> Request:
+        running = self.running
+        if not self.priority:
+            return running.pop()
+        victim = max(running, key=lambda r: (r.priority, r.arrival_ns))
+        running.remove(victim)
+        return victim
+
+    def _schedule_running(self, now: int, reqs: list[Request], news: list[int],
+                          budget: int) -> tuple[int, bool]:
+        """Step 1 (running requests); returns (budget left, whether anything was preempted)."""
         threshold = self.threshold
         kv = self.kv
         running = self.running
-        reqs: list[Request] = []
-        news: list[int] = []
+        cap = self.max_model_len - 1
+        bs = kv.block_size
+        caching = kv.enable_prefix_caching
+        # A PD prefill instance serves each request with max_tokens=1 (vLLM's proxy).
+        one_token = self.role == "prefill"
         preempted = False
-        tier_bytes = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            if req.in_flight or req.ready_ns > now:
-                # Its previous step is still in the pipeline, or its KV is still arriving.
+            ph = req.num_placeholders
+            if ph and req.num_computed + 2 - ph >= req.input_len + (
+                    1 if one_token else req.output_len):
+                # (async) Its step in flight is its last.
                 i += 1
                 continue
-            n = req.num_tokens - req.num_computed
+            known = req.input_len + req.num_output
+            n = known + ph - req.num_computed
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
                 n = budget
+            if n > cap - req.num_computed:
+                n = cap - req.num_computed
             if n <= 0:
                 i += 1
                 continue
-            scheduled = True
-            while not kv.allocate(req, n):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    scheduled = False
-                    break
-            if not scheduled:
-                break
-            reqs.append(req)
-            news.append(n)
-            budget -= n
-            i += 1
-
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_num_seqs:
-                req = waiting[0]
-                if req.remote_kv:
-                    # Decode side of PD disaggregation: the prompt's KV comes from the prefill
-                    # instance. Admit only when blocks for the whole sequence are free; the
-                    # request runs once the transfer has landed.
-                    if not kv.allocate(req, req.num_tokens):
-                        break
-                    waiting.popleft()
-                    req.num_computed = req.num_tokens - 1
-                    req.status = RUNNING
-                    running.append(req)
-                    self.admitted_transfers.append(req)
-                    continue
-                hit = kv.lookup(req)
-                lower = kv.lookup_lower(req, len(hit)) if kv.lower_tier is not None else 0
-                hit_tokens = len(hit) * kv.block_size
-                n = req.num_tokens - hit_tokens - lower * kv.block_size
-                if threshold and n > threshold:
-                    n = threshold
-                if not self.chunked and n > budget:
-                    break
-                if n > budget:
-                    n = budget
-                if self.reserve_full and not kv.can_admit(req, hit, True, n):
-                    break
-                lower_tokens = lower * kv.block_size
-                if not kv.allocate(req, n + lower_tokens, hit):
-                    break
-                waiting.popleft()
-                req.num_computed = hit_tokens + lower_tokens
-                if lower:
-                    tier_bytes += lower * self.tier_block_bytes
-                    kv.lower_hit_tokens += lower_tokens
-                if req.first_scheduled_ns < 0:
-                    # The per-request column: the prefix its first admission found cached.
-                    req.first_scheduled_ns = now
-                    req.prefix_hit = hit_tokens + lower_tokens
-                    req.lower_hit = lower_tokens
-                # The summary counts hits at every admission, re-admissions after preemption
-                # included (as vLLM's prefix-cache hit rate does).
-                kv.hit_tokens += hit_tokens + lower_tokens
-                kv.queried_tokens += req.num_tokens
-                req.status = RUNNING
-                running.append(req)
+            nc = req.num_computed + n
+            if nc <= len(req.block_ids) * bs and (not caching or (
+                    nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
+                # Fast path (most decodes): its blocks have room and nothing new to cache.
                 reqs.append(req)
                 news.append(n)
                 budget -= n
+                i += 1
+                continue
+            while not kv.allocate(req, n):
+                victim = self._pick_victim()
+                if victim in reqs:
+                    # (priority policy) a request scheduled earlier in this step: undo it.
+                    k = reqs.index(victim)
+                    budget += news[k]
+                    del reqs[k], news[k]
+                    i -= 1
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                reqs.append(req)
+                news.append(n)
+                budget -= n
+                i += 1
+                continue
+            break
+        return budget, preempted
 
+    def _schedule_waiting(self, now: int, reqs: list[Request], news: list[int],
+                          budget: int) -> int:
+        """Step 2 (admission); returns the tier bytes loaded."""
+        threshold = self.threshold
+        kv = self.kv
+        running = self.running
+        waiting = self.waiting
+        tier_bytes = 0
+        bs = kv.block_size
+        if self.receiving:
+            budget = self._promote_received(now, reqs, news, budget)
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = waiting[0]
+            if req.remote_kv:
+                # Decode side of PD disaggregation: the prompt's KV comes from the prefill
+                # instance; only the part this instance has not cached is transferred.
+                if not self._admit_remote(req):
+                    break
+                continue
+            if req.num_computed == 0 and kv.enable_prefix_caching:
+                hit = kv.lookup(req)
+                lower = kv.lookup_lower(req, len(hit)) if kv.lower_tier is not None else 0
+                if not req.preemptions:
+                    # vLLM's prefix-cache hit rate: every lookup of a request never
+                    # preempted, also one whose admission then fails.
+                    kv.hit_tokens += len(hit) * bs + lower * bs
+                    kv.queried_tokens += req.num_tokens
+            else:
+                hit, lower = [], 0
+            hit_tokens = len(hit) * bs
+            lower_tokens = lower * bs
+            computed = req.num_computed + hit_tokens + lower_tokens
+            n = req.num_tokens - computed
+            if threshold and n > threshold:
+                n = threshold
+            if not self.chunked and n > budget:
+                break
+            if n > budget:
+                n = budget
+            if self.reserve_full and not kv.can_admit(req, hit, True, n):
+                break
+            if not kv.allocate(req, n + lower_tokens, hit):
+                break
+            waiting.popleft()
+            req.num_computed = computed
+            if lower:
+                tier_bytes += lower * self.tier_block_bytes
+                kv.lower_hit_tokens += lower_tokens
+            if req.first_scheduled_ns < 0:
+                # The per-request column: the prefix its first admission found cached.
+                req.first_scheduled_ns = now
+                req.prefix_hit = hit_tokens + lower_tokens
+                req.lower_hit = lower_tokens
+            req.status = RUNNING
+            running.append(req)
+            reqs.append(req)
+            news.append(n)
+            budget -= n
+        return tier_bytes
+
+    def _promote_received(self, now: int, reqs: list[Request], news: list[int],
+                          budget: int) -> int:
+        """PD decode side: requests whose KV has landed run their first step (vLLM's
+        WAITING_FOR_REMOTE_KVS requests, taken before the waiting queue)."""
+        running = self.running
+        for req in list(self.receiving):
+            if budget <= 0 or len(running) >= self.max_num_seqs:
+                break
+            if req.ready_ns > now:
+                continue
+            n = req.num_tokens - req.num_computed
+            if not self.kv.allocate(req, n):
+                break
+            self.receiving.remove(req)
+            req.status = RUNNING
+            running.append(req)
+            reqs.append(req)
+            news.append(n)
+            budget -= n
+        return budget
+
+    def _admit_remote(self, req: Request) -> bool:
+        """Admit a request whose prompt KV arrives from a prefill instance: blocks for the
+        prompt are allocated once (its local prefix hit reused); the request waits, outside
+        the running set, until the transfer has landed."""
+        kv = self.kv
+        hit = kv.lookup(req)
+        hit_tokens = len(hit) * kv.block_size
+        if not kv.allocate(req, req.num_tokens - hit_tokens, hit):
+            return False
+        self.waiting.popleft()
+        req.kv_transfer_tokens = req.input_len - hit_tokens
+        # As vLLM's connector does: the loaded prompt counts as computed but the last
+        # token, which the first decode step recomputes to sample the first token.
+        req.num_computed = req.num_tokens - 1
+        self.receiving.append(req)
+        self.admitted_transfers.append(req)
+        return True
+
+    def schedule(self, now: int) -> Batch | None:
+        reqs: list[Request] = []
+        news: list[int] = []
+        if self.preempted_last:
+            self.preempted_last = []
+        budget, preempted = self._schedule_running(now, reqs, news, self.budget)
+        tier_bytes = self._schedule_waiting(now, reqs, news, budget) if not preempted else 0
         if not reqs:
             return None
-        for req in reqs:
-            req.in_flight = True
-        prefill_tokens = prefill_kv = n_dec = kv_sum = 0
+        # vLLM's _update_after_schedule: progress advances now.
+        samples = []
+        async_ = self.async_scheduling
+        for req, n in zip(reqs, news):
+            req.num_computed += n
+            s = req.num_computed >= req.input_len + req.num_output + req.num_placeholders
+            samples.append(s)
+            if s and async_:
+                req.num_placeholders += 1
+        return self._make_batch(reqs, news, samples, tier_bytes)
+
+    @staticmethod
+    def _make_batch(reqs: list[Request], news: list[int], samples: list[bool],
+                    tier_bytes: int) -> Batch:
+        prefill_tokens = prefill_kv = n_dec = kv_sum = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
-            if req.num_computed >= req.input_len and n == 1 and req.num_output > 0:
+            k = req.num_computed - n  # tokens already in cache when the step runs
+            if n == 1 and k >= req.input_len:
                 n_dec += 1
-                k = req.num_computed
                 kv_sum += k
                 if k > kv_max:
                     kv_max = k
@@ -188,50 +349,74 @@ class Scheduler:
                     kv_min = k
             else:
                 prefill_tokens += n
-                prefill_kv += req.num_computed
+                prefill_kv += k
+                pwork += n * (2 * k + n)  # varlen attention: per request
         total = prefill_tokens + n_dec
         shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
-                           kv_min if n_dec else 0)
-        return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes)
+                           kv_min if n_dec else 0, pwork)
+        return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes, samples)
 
     def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:
-        """Apply a finished step: advance progress, emit tokens, retire finished requests."""
+        """Apply a finished step: emit sampled tokens, retire finished requests."""
         finished: list[Request] = []
+        stopped_waiting: list[Request] = []
         kv = self.kv
-        caching = kv.enable_prefix_caching
-        bs = kv.block_size
-        for req, n in zip(batch.requests, batch.num_new):
-            req.in_flight = False
-            if req.status != RUNNING:
+        async_ = self.async_scheduling
+        max_len = self.max_model_len
+        prefill_role = self.role == "prefill"
+        for req, s in zip(batch.requests, batch.samples):
+            if not s or req.status == FINISHED:
                 continue
-            req.num_computed += n
-            if req.num_computed >= req.num_tokens:
-                # The step computed the whole sequence so far: it samples one token.
-                if req.num_output == 0:
-                    req.first_token_ns = now
-                else:
-                    gap = now - req.last_token_ns
-                    itl_sink.append(gap)
-                    if gap > req.itl_max_ns:
-                        req.itl_max_ns = gap
-                req.last_token_ns = now
-                req.num_output += 1
-                if req.num_output >= req.output_len:
-                    req.status = FINISHED
-                    req.finish_ns = now
-                    finished.append(req)
-                elif self.role == "prefill":
-                    # Prefill done: the request moves to a decode instance.
-                    req.status = WAITING
-                    self.handoffs.append(req)
-            if caching and req.num_computed // bs > (req.cached_hashes or 0):
-                kv.cache_full_blocks(req)
+            was_running = req.status == RUNNING
+            if prefill_role and was_running:
+                # Prefill done. As in vLLM's disaggregated serving, the prefill instance's
+                # sampled token is not the client's: the request moves to a decode
+                # instance, whose first step samples the first token.
+                if async_:
+                    req.num_placeholders -= 1
+                req.status = WAITING
+                self.handoffs.append(req)
+                continue
+            if req.num_output == 0:
+                req.first_token_ns = now
+            else:
+                gap = now - req.last_token_ns
+                itl_sink.append(gap)
+                if gap > req.itl_max_ns:
+                    req.itl_max_ns = gap
+            req.last_token_ns = now
+            req.num_output += 1
+            if async_:
+                req.num_placeholders -= 1
+                if was_running and kv.enable_prefix_caching:
+                    n = req.num_computed - req.num_placeholders
+                    if n // kv.block_size > (req.cached_hashes or 0):
+                        kv.cache_blocks(req, n)
+            if req.num_output >= req.output_len or req.input_len + req.num_output >= max_len:
+                req.status = FINISHED
+                req.finish_ns = now
+                finished.append(req)
+                if not was_running:
+                    stopped_waiting.append(req)
         leaving = finished + self.handoffs if self.handoffs else finished
         if leaving:
             done = {id(r) for r in leaving}
             self.running = [r for r in self.running if id(r) not in done]
-            for r in leaving:
-                if caching:
-                    kv.cache_full_blocks(r)
+            for r in stopped_waiting:
+                self.waiting.remove(r)
+            for r in finished:
                 kv.free_request(r)
+            for r in self.handoffs:
+                # The prefill side keeps the blocks until the decode side has read them
+                # (vLLM's connector delays the free): the engine calls release_handoff.
+                self.held_handoffs += 1
+                r.handoff_blocks = r.block_ids
+                r.block_ids = []
+                r.cached_hashes = None
+                r.num_computed = 0  # the decode side starts from its own cache
         return finished
+
+    def release_handoff(self, blocks: list[int]) -> None:
+        """Free a handed-off request's prefill-side blocks once its KV has been read."""
+        self.held_handoffs -= 1
+        self.kv.free_blocks(blocks)

@@ -1,7 +1,7 @@
 """Workloads: JSONL replays (flat requests and agentic sessions, mixable) and generators.
 
 JSONL lines are either a flat request ``{input_toks, output_toks, arrival_time_ns,
-input_tok_ids?, output_tok_ids?}`` or a session ``{session_id?, arrival_time_ns,
+input_tok_ids?, output_tok_ids?, priority?}`` or a session ``{session_id?, arrival_time_ns,
 sub_requests: [{input_toks, output_toks, tool_duration_ns?, input_tok_ids?, ...}]}``.
 A session's first sub-request arrives at the session's arrival time; each later one is
 released by the router when the previous one finishes, after its ``tool_duration_ns``.
@@ -87,11 +87,14 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
         raise InputError("field 'input_toks' must be >= 1", source=where)
     if n_out < 1:
         raise InputError("field 'output_toks' must be >= 1", source=where)
-    return Request(rid, arrival_ns, n_in, n_out,
-                   input_ids=_ids(obj, "input_tok_ids", n_in, where),
-                   output_ids=_ids(obj, "output_tok_ids", n_out, where),
-                   session_id=session_id, sub_index=sub_index,
-                   tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
+    req = Request(rid, arrival_ns, n_in, n_out,
+                  input_ids=_ids(obj, "input_tok_ids", n_in, where),
+                  output_ids=_ids(obj, "output_tok_ids", n_out, where),
+                  session_id=session_id, sub_index=sub_index,
+                  tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
+    # vLLM's request priority (lower runs first) for --scheduling-policy priority.
+    req.priority = _int_field(obj, "priority", where, required=False)
+    return req
 
 
 def _refuse_constant(name: str):

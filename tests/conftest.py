@@ -17,6 +17,8 @@ import yaml
 
 import sim
 from sim.cluster import GiB
+from sim.memory import (NON_TORCH_BASE_BYTES, NON_TORCH_COMM_BYTES, activation_peak_bytes,
+                        weight_bytes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, load_model
 from sim.request import Request
 
@@ -89,12 +91,26 @@ def make_bundle(root: Path, hardware: str = HW, model: ModelSpec | str = MODEL, 
 
 
 def mem_size_for_blocks(num_blocks: int, block_size: int = 16, model: str = MODEL,
-                        tp: int = 1) -> float:
-    """npu_mem.mem_size (GiB, with mem_util 1.0) that yields exactly ``num_blocks`` KV blocks."""
+                        tp: int = 1, max_num_batched_tokens: int = 2048,
+                        max_num_seqs: int = 256) -> float:
+    """npu_mem.mem_size (GiB, with mem_util 1.0) that yields exactly ``num_blocks`` KV blocks
+    under vLLM's accounting (sim/memory.py) at these engine limits."""
     spec = load_model(model)
-    weights = spec.weight_bytes(tp, 1, 1)
+    fixed = (weight_bytes(spec, tp, 1, 1)
+             + activation_peak_bytes(spec, tp, 1, max_num_batched_tokens, max_num_seqs)
+             + NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if tp > 1 else 0))
     block_bytes = spec.kv_bytes_per_token(tp, 1) * block_size
-    return (weights + (num_blocks + 0.5) * block_bytes) / GiB
+    return (fixed + (num_blocks + 0.5) * block_bytes) / GiB
+
+
+def util_with_overhead(util: float, mem_size_gib: float, model: str = MODEL) -> float:
+    """``util`` plus the share of ``mem_size_gib`` that vLLM's accounting takes beyond the
+    parameters (rotary table, profile-run activation peak at the default limits, non-torch
+    memory): a tight-memory test keeps the KV pool it was written for."""
+    spec = load_model(model)
+    extra = (weight_bytes(spec, 1, 1, 1) - spec.weight_bytes(1, 1, 1)
+             + activation_peak_bytes(spec, 1, 1, 2048, 256) + NON_TORCH_BASE_BYTES)
+    return util + extra / (mem_size_gib * GiB)
 
 
 def cluster_dict(num_blocks: int = 400, instances: int = 1, block_size: int = 16,
@@ -102,6 +118,10 @@ def cluster_dict(num_blocks: int = 400, instances: int = 1, block_size: int = 16
     inst = {"model_name": model, "hardware": hardware,
             "npu_mem": {"mem_size": mem_size_for_blocks(num_blocks, block_size, model),
                         "mem_bw": 1000, "mem_latency": 0, "mem_util": 1.0},
+            # The memory above holds these blocks at the default engine limits; the override
+            # keeps the count when a test changes max_num_seqs/max_num_batched_tokens (which
+            # move vLLM's profile-run activation peak).
+            "num_gpu_blocks_override": num_blocks,
             "num_npus": 1, "tp_size": 1, **inst_extra}
     return {"num_nodes": 1, "link_bw": 16, "link_latency": 1000, "nodes": [{
         "num_instances": instances, "cpu_mem": {"mem_size": 64, "mem_bw": 50, "mem_latency": 0},

@@ -36,8 +36,15 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
 def llama_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundles")
     torch.manual_seed(0)
-    return profile_bundle(TINY_LLAMA, "CPU-TEST", out, tp_degrees=(1, 2), device="cpu",
-                          grid=GRID, iterations=5, warmup=2, tiny=True)
+    # One intra-op thread: on a shared 2-core machine, torch's thread pool waiting for a
+    # busy core costs milliseconds per call and drowns the tiny kernels being timed.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return profile_bundle(TINY_LLAMA, "CPU-TEST", out, tp_degrees=(1, 2), device="cpu",
+                              grid=GRID, iterations=5, warmup=2, tiny=True)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_bundle_layout_and_meta(llama_bundle: Path):

@@ -108,11 +108,14 @@ def test_catalogue_lists_roofline_for_known_hardware(tmp_path):
     assert "roofline" in names and "measured" not in names
     names = [p["provider"] for p in available_providers("NoSuchGPU", "meta-llama/Llama-3.1-8B", 1)]
     assert "roofline" not in names and "measured" not in names
-    # a bundle folder in an extra search dir is found
-    (tmp_path / "H200" / "meta-llama" / "Llama-3.1-8B" / "bf16" / "tp2").mkdir(parents=True)
+    # a bundle folder (meta.yaml + tp folder) in an extra search dir is found, and listed
+    # first: the order is auto's (measured > aic > roofline, #17)
+    variant = tmp_path / "H200" / "meta-llama" / "Llama-3.1-8B" / "bf16"
+    (variant / "tp2").mkdir(parents=True)
+    (variant / "meta.yaml").write_text("{}\n")
     found = available_providers("H200", "meta-llama/Llama-3.1-8B", 2, [tmp_path])
-    assert [p["provider"] for p in found][:2] == ["roofline", "measured"]
-    assert found[1]["source"].startswith(str(tmp_path))
+    assert [p["provider"] for p in found][0] == "measured" and "roofline" in str(found)
+    assert found[0]["source"].startswith(str(tmp_path))
 
 
 BUNDLE = shared_data_root() / "profiles" / "RTX4090" / "meta-llama" / "Llama-3.1-8B" / "bf16"
@@ -141,6 +144,6 @@ def test_calibrated_gemms_match_rtx4090_at_large_tokens(llama):
                     reason=f"shared measured bundle not found at {BUNDLE}")
 def test_catalogue_finds_measured_bundle():
     names = [p["provider"] for p in available_providers("RTX4090", "meta-llama/Llama-3.1-8B", 1)]
-    assert names[:2] == ["roofline", "measured"]
+    assert names == ["measured", "roofline"]   # auto's order; no aic database for the 4090
     assert "measured" not in [p["provider"] for p in
                               available_providers("RTX4090", "meta-llama/Llama-3.1-8B", 2)]

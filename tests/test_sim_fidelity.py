@@ -36,7 +36,10 @@ def replay():
                           max_num_batched_tokens=ek["max_num_batched_tokens"],
                           block_size=kv.get("block_size", 16),
                           enable_prefix_caching=kv.get("enable_prefix_caching", True))
-    cluster = sim.load_cluster(_require(vdir / "cluster.json"))
+    # vLLM's gpu_memory_utilization of the run, not a value calibrated in cluster.json: the
+    # KV capacity follows from it as vLLM derives it.
+    cluster = sim.load_cluster(_require(vdir / "cluster.json")).with_mem_util(
+        kv["gpu_memory_utilization"])
     result = sim.simulate(cluster, sim.load_jsonl(dataset), opts)
     measured = [json.loads(line) for line in measured_path.read_text().splitlines() if line.strip()]
     return meta, result, measured

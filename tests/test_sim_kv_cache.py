@@ -95,7 +95,7 @@ def test_scheduler_uses_prefix_hit_and_computes_the_rest():
     s.add_request(same)
     b1 = s.schedule(2)
     assert b1.num_new == [16]  # 2 of 3 blocks hit: the last block recomputes
-    assert same.prefix_hit == 32 and same.num_computed == 32
+    assert same.prefix_hit == 32 and same.num_computed == 48  # advanced at scheduling
     assert b1.shape.prefill_kv == 32
     assert s.kv.hit_tokens == 32 and s.kv.queried_tokens == 96
 

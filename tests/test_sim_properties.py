@@ -96,10 +96,11 @@ def instrumented():
             assert len(set(map(id, batch.requests))) == len(batch.requests)
             for r, n in zip(batch.requests, batch.num_new):
                 assert n >= 1
-                assert r.num_computed + n <= r.num_tokens
-                assert len(r.block_ids) * kv.block_size >= r.num_computed + n, \
+                # num_computed has advanced by n already (as in vLLM).
+                assert r.num_computed <= r.num_tokens + r.num_placeholders
+                assert len(r.block_ids) * kv.block_size >= r.num_computed, \
                     "tokens scheduled without KV blocks for them"
-                if self.threshold and r.num_computed < r.input_len:
+                if self.threshold and r.num_computed - n < r.input_len:
                     assert n <= self.threshold
             assert batch.prefill_tokens + batch.decode_tokens == sum(batch.num_new)
             trace.tokens += sum(batch.num_new)
@@ -198,14 +199,12 @@ def test_invariants_hold_on_random_workloads(bundle_root, scenario):
     floor = sum(n_in + n_out - 1 for _, n_in, n_out, _ in reqs) - int(t.prefix_hit_tokens.sum())
     if result.summary["preemptions"] == 0:
         assert trace.tokens == floor
-        assert result.summary["prefix_hit_tokens"] == int(t.prefix_hit_tokens.sum())
+        # vLLM counts a lookup also when the admission then waits (and looks up again).
+        assert result.summary["prefix_hit_tokens"] >= int(t.prefix_hit_tokens.sum())
     else:
-        # A re-admitted request may find part of its own earlier work cached: every hit,
-        # re-admissions included, is in the summary.
-        all_hits = result.summary["prefix_hit_tokens"]
-        assert all_hits >= int(t.prefix_hit_tokens.sum())
-        floor = sum(n_in + n_out - 1 for _, n_in, n_out, _ in reqs) - all_hits
-        assert trace.tokens >= floor
+        # A re-admitted request may find part of its own earlier work cached (vLLM's hit
+        # rate leaves re-admissions out): it still computes at least its uncached tokens.
+        assert trace.tokens >= floor - sum(n_in for _, n_in, _, _ in reqs)
     assert trace.decode_tokens <= sum(r[2] - 1 for r in reqs) + trace.tokens - floor
     assert (t.prefix_hit_tokens <= t.input_tokens - 1).all()
     if not cfg["enable_prefix_caching"]:

@@ -8,7 +8,7 @@ from sim_testkit import flat_workload, make_cluster, opts_for
 import sim
 from sim.kv_cache import KVCacheManager
 from sim.options import SimOptions
-from sim.request import FINISHED, RUNNING, WAITING, Request
+from sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
 from sim.scheduler import Scheduler
 
 
@@ -198,7 +198,7 @@ def test_preemption_picks_most_recently_admitted_and_recomputes():
     got, fin = step(s, 1)
     assert got == {0: 1}
     assert fin == [0]
-    assert b.status == WAITING and b.num_computed == 0 and b.block_ids == []
+    assert b.status == PREEMPTED and b.num_computed == 0 and b.block_ids == []
     assert b.preemptions == 1 and s.num_preemptions == 1
     assert b.num_output == 1  # generated tokens are kept: it recomputes them
     assert list(s.waiting) == [b]
@@ -276,7 +276,9 @@ def test_batch_shape_separates_prefill_and_decode():
     assert (sh.prefill_tokens, sh.prefill_kv) == (30, 0)
     assert (sh.num_decode, sh.decode_kv_sum, sh.decode_kv_max) == (1, 21, 21)
     assert b.prefill_tokens == 30 and b.decode_tokens == 1
-    assert all(r.status == RUNNING and r.in_flight for r in b.requests)
+    assert all(r.status == RUNNING for r in b.requests)
+    # Progress advances when the step is scheduled (vLLM's num_computed_tokens).
+    assert [r.num_computed for r in b.requests] == [22, 30]
 
 
 def test_prompt_over_budget_without_chunking_names_the_budget(bundle_root):

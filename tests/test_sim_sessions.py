@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim.workload import parse_jsonl_lines
+from sim_testkit import util_with_overhead
 
 
 def _cluster(n=1, pd=False, model="meta-llama/Llama-3.1-8B", ep=1, dp=False, mem_util=0.9):
@@ -129,7 +130,8 @@ def test_conservation_with_advanced_features(feature, seed, n, max_seqs, budget,
         if feature == "pd":
             cluster = _cluster(n=3, pd=True)
         elif feature == "tier":
-            cluster = _cluster(n=2, mem_util=0.2)
+            # a small KV pool (0.2 of the memory beyond vLLM's overheads) so blocks are evicted
+            cluster = _cluster(n=2, mem_util=util_with_overhead(0.2, 80))
             opts = opts.replace(prefix_storage="CPU", enable_prefix_sharing=True)
         elif feature == "dp_ep":
             cluster = _cluster(n=2, model="Qwen/Qwen3-30B-A3B-Instruct-2507", ep=2, dp=True)

@@ -170,10 +170,11 @@ class SystemConfig:
     endpoint_delay: int = 10
     preferred_dataset_splits: int = 1
     active_chunks_per_dimension: int = 1
-    all_reduce_impl: tuple[str, ...] = ("ring",)
-    all_gather_impl: tuple[str, ...] = ("ring",)
-    reduce_scatter_impl: tuple[str, ...] = ("ring",)
-    all_to_all_impl: tuple[str, ...] = ("ring",)
+    #: per-dimension algorithms; None (the key absent) = ring on every dimension
+    all_reduce_impl: tuple[str, ...] | None = None
+    all_gather_impl: tuple[str, ...] | None = None
+    reduce_scatter_impl: tuple[str, ...] | None = None
+    all_to_all_impl: tuple[str, ...] | None = None
     collective_optimization: str = "localBWAware"
     local_mem_bw: float = 1600.0  # GB/s
     local_mem_latency: float = 0.0  # ns
@@ -245,15 +246,17 @@ class SystemConfig:
         return cls.from_dict(_load_json(p, "system configuration"), source=str(p))
 
     def impl(self, comm: str, ndims: int) -> tuple[str, ...]:
-        """Per-dimension implementations of ``comm`` (a single entry applies to all dims)."""
+        """Per-dimension implementations of ``comm``. As upstream's GeneralComplexTopology,
+        a list shorter than the network covers its first dimensions only (the collective
+        runs on those); the key absent means ring on every dimension."""
         v = getattr(self, f"{comm}_impl")
+        if v is None:
+            return ("ring",) * ndims
         key = next(k for k, a in _IMPL_KEYS.items() if a == f"{comm}_impl")
-        if len(v) == ndims:
-            return v
-        if len(v) == 1:
-            return v * ndims
-        raise ConfigError(f"{self.source}: field '{key}' has {len(v)} entries but the network "
-                          f"has {ndims} dimensions")
+        if len(v) > ndims:
+            raise ConfigError(f"{self.source}: field '{key}' has {len(v)} entries but the "
+                              f"network has {ndims} dimensions")
+        return v
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ starts when its resource is free (ready queue order: FIFO = earliest ready first
 latest ready first; ties by node position).
 
 * COMP: ``duration_ns`` cycles, or with roofline-enabled and a num_ops attribute
-  floor(max(num_ops / peak, tensor_size / local_mem_bw)) (peak in TFLOPS -> ops/ns).
+  floor(max(num_ops / peak, tensor_size / local_mem_bw)) (peak in TFLOPS -> ops/ns,
+  local-mem-bw in decimal GB/s = bytes/ns, as upstream's Roofline reads it).
 * MEM_LOAD / MEM_STORE: floor(latency + tensor_size / bandwidth) of the memory config.
 * COMM_COLL: holds the comm resource from the moment it starts on this NPU; when every
   participant has started it, all of them finish ``collective_time`` later. Participants
@@ -72,7 +73,8 @@ class Engine:
         self._mem_bpns = gbps_to_bytes_per_ns(bw)
         self._roof = s.roofline_enabled
         self._peak_ops_per_ns = s.peak_perf * 1e3
-        self._local_bpns = gbps_to_bytes_per_ns(s.local_mem_bw)
+        # the roofline's bandwidth is local-mem-bw in decimal GB/s (upstream: * 1e9 B/s)
+        self._local_bpns = s.local_mem_bw
         self._lifo = s.scheduling_policy == "LIFO"
         self._groups: dict = {}
 

@@ -38,12 +38,13 @@ import json
 import logging
 import tempfile
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from sim.errors import InputError, unknown_name
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LayerTimes
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 
 AIC_MISSING = ("the aic latency provider needs aiconfigurator-core: pip install '.[aic]' "
@@ -109,10 +110,16 @@ def _quiet():
 
 
 def available_databases() -> dict[str, dict[str, list[str]]]:
-    """system -> backend -> queryable versions, from the installed package."""
+    """system -> backend -> queryable versions, from the installed package (read once per
+    process: the package parses hundreds of YAML files to answer)."""
+    return {s: {b: list(v) for b, v in bs.items()} for s, bs in _databases().items()}
+
+
+@cache
+def _databases() -> dict[str, dict[str, tuple[str, ...]]]:
     perf_database, _ = _import_aic()
     with _quiet():
-        return {s: {b: list(v) for b, v in bs.items() if v}
+        return {s: {b: tuple(v) for b, v in bs.items() if v}
                 for s, bs in perf_database.get_supported_databases().items()}
 
 
@@ -120,6 +127,12 @@ def resolve_system(hardware: str, databases: dict | None = None) -> str:
     """Our hardware name (or an aiconfigurator system name) -> aiconfigurator system."""
     dbs = databases if databases is not None else available_databases()
     system = HARDWARE_TO_SYSTEM.get(hardware, hardware)
+    if system not in dbs:
+        from sim.hardware import load_hardware
+        try:
+            system = HARDWARE_TO_SYSTEM.get(load_hardware(hardware).name, system)
+        except InputError:
+            pass
     if system not in dbs:
         known = sorted({*(h for h, s in HARDWARE_TO_SYSTEM.items() if s in dbs), *dbs})
         raise unknown_name("hardware for the aic provider", hardware, known)
@@ -179,14 +192,50 @@ def _ms_to_ns(ms: float) -> float:
     return ms * 1e6
 
 
-class AicProvider:
+def quant_modes(model: ModelSpec) -> dict[str, str]:
+    """aiconfigurator's quant-mode arguments for the served precision.
+
+    W8A8 FP8 (``quantization: fp8``) selects its ``fp8`` GEMM and MoE modes (FP8 tensor-core
+    GEMMs, 1-byte weights); an FP8 KV cache selects its ``fp8`` KV-cache mode. The FMHA
+    mode stays at its default (bf16 compute): the vLLM databases hold FP8-KV attention
+    measured that way and no context attention for an FP8 FMHA. Empty for bf16.
+    """
+    modes: dict[str, str] = {}
+    if model.is_fp8:
+        modes["gemm_quant_mode"] = "fp8"
+        if model.is_moe:
+            modes["moe_quant_mode"] = "fp8"
+    if model.kv_is_fp8:
+        modes["kvcache_quant_mode"] = "fp8"
+    return modes
+
+
+#: built providers by (model, hardware, tp, backend, version, sizes): compiling the engine
+#: and tabulating its ops takes seconds, and dse evaluates the same case many times
+_BUILT: dict[tuple, AicProvider] = {}
+
+
+class AicProvider(LatencyProvider):
     """Per-layer latency from aiconfigurator-core's database (see the module docstring)."""
 
     kind = "aic"
+    exact_coverage = False   # covers() cannot tell without compiling the engine
 
     def __init__(self, model: ModelSpec, hardware: str, tp: int = 1, *, backend: str = "vllm",
                  backend_version: str | None = None, max_tokens: int = 16384,
                  max_seqs: int = 1024, **_ignored) -> None:
+        key = (model, hardware, tp, backend, backend_version, max_tokens, max_seqs)
+        built = _BUILT.get(key)
+        if built is not None:   # share the tables and memos; fresh extrapolation counts
+            self.__dict__.update(built.__dict__)
+            self._extrap = {}
+            self.note = ""
+            return
+        self._build(model, hardware, tp, backend, backend_version, max_tokens, max_seqs)
+        _BUILT[key] = self
+
+    def _build(self, model: ModelSpec, hardware: str, tp: int, backend: str,
+               backend_version: str | None, max_tokens: int, max_seqs: int) -> None:
         _, EngineHandle = _import_aic()
         model.check_tp(tp)
         dbs = available_databases()
@@ -197,8 +246,10 @@ class AicProvider:
                                dbs[self.system])
         self.backend = backend
         self.backend_version = resolve_version(self.system, backend, backend_version)
+        self._modes = quant_modes(model)
+        prec = "" if not self._modes else f", {model.precision}"
         self.source = (f"aiconfigurator-core {aic_version()} ({self.system}, {backend} "
-                       f"{self.backend_version}, tp{tp})")
+                       f"{self.backend_version}, tp{tp}{prec})")
         self._extrap: dict[str, int] = {}
         moe_kw = {"moe_tp_size": tp, "moe_ep_size": 1} if model.is_moe else {}
         with tempfile.TemporaryDirectory(prefix="llmsim-aic-") as tmp, _quiet():
@@ -208,14 +259,18 @@ class AicProvider:
             try:
                 self.engine = EngineHandle.compile(str(path), self.system, backend,
                                                    backend_version=self.backend_version,
-                                                   tp_size=tp, **moe_kw)
+                                                   tp_size=tp, **moe_kw, **self._modes)
                 self._ctx_ops, self._gen_ops = self._op_lists(str(path), moe_kw)
+                self._build_tables(max_tokens, max_seqs)
+                # attention is evaluated lazily: fail here, not mid-run, if data is missing
+                self.engine.evaluate_context_ops([self._ctx_attn], batch_size=1, s=16, prefix=16)
+                self.engine.evaluate_generation_ops([self._gen_attn], batch_size=1, s=16)
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - aiconfigurator raises many types
                 raise InputError(f"aiconfigurator cannot model {model.name} on {self.system} "
-                                 f"({backend} {self.backend_version}, tp={tp}): {exc}") from None
-            self._build_tables(max_tokens, max_seqs)
+                                 f"({backend} {self.backend_version}, tp={tp}, "
+                                 f"{model.precision}): {exc}") from None
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._dense_memo: dict[int, tuple] = {}
@@ -228,7 +283,7 @@ class AicProvider:
 
         cfg = build_model_config(tp_size=self.tp, pp_size=1, attention_dp_size=1,
                                  moe_tp_size=moe_kw.get("moe_tp_size", 1),
-                                 moe_ep_size=moe_kw.get("moe_ep_size", 1))
+                                 moe_ep_size=moe_kw.get("moe_ep_size", 1), **self._modes)
         m = get_model(path, cfg, self.backend)
 
         def describe(ops):
@@ -409,10 +464,31 @@ class AicProvider:
         return dict(self._extrap)
 
 
-def _factory(model: ModelSpec, hardware: str, tp: int = 1, backend: str = "vllm",
-             backend_version: str | None = None, **options) -> AicProvider:
-    return AicProvider(model, hardware, tp, backend=backend, backend_version=backend_version,
-                       **options)
+    @classmethod
+    def covers(cls, model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> str | None:
+        """Cheap checks only (no engine compile): the package imports, the hardware has a
+        vLLM database, the architecture is one we map, and FP8 has an fp8 peak."""
+        try:
+            dbs = available_databases()
+        except InputError:
+            return "aiconfigurator-core is not installed"
+        try:
+            system = resolve_system(hardware, dbs)
+        except InputError:
+            return f"no aiconfigurator database for {hardware}"
+        if "vllm" not in dbs[system]:
+            return f"no aiconfigurator vLLM database for {hardware}"
+        if model.architecture not in _HF_ARCH:
+            return f"architecture {model.architecture} is not mapped"
+        if model.num_attention_heads % tp:
+            return f"tp={tp} does not divide the heads"
+        if model.is_fp8 or model.kv_is_fp8:
+            from sim.model import check_fp8_hardware
+            try:
+                check_fp8_hardware(model, hardware)
+            except InputError:
+                return f"{hardware} has no FP8"
+        return None
 
 
-LATENCY_PROVIDERS.register("aic", _factory)
+LATENCY_PROVIDERS.register("aic", AicProvider)

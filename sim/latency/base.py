@@ -5,14 +5,21 @@ A provider answers "how long does each layer take for this batch shape" for one
 construction; the per-iteration call does no I/O. Three providers implement it:
 ``measured`` (LLMServingSim-format profile bundles), ``roofline`` (hardware spec plus
 calibrated efficiency factors) and ``aic`` (aiconfigurator's per-op database, optional).
+``--latency-provider auto`` takes the first of measured > aic > roofline that covers the
+(hardware, model with its precision, tp).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
+from sim.errors import InputError
 from sim.registry import Registry
+
+if TYPE_CHECKING:
+    from sim.model import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +29,8 @@ class BatchShape:
     ``num_tokens`` is every token computed this step (prefill chunk tokens plus one per
     decode); ``num_seqs`` the sequences that produce logits (lm_head/sampler rows).
     Prefill requests contribute ``prefill_tokens`` new tokens that attend to
-    ``prefill_kv`` tokens already cached; decode requests read ``decode_kv_sum`` cached
+    ``prefill_kv`` tokens already cached (sums over the requests; ``prefill_work`` keeps
+    the per-request pairing that attention cost depends on); decode requests read ``decode_kv_sum`` cached
     tokens in total (the longest read is ``decode_kv_max``).
     """
 
@@ -34,6 +42,10 @@ class BatchShape:
     decode_kv_sum: int = 0
     decode_kv_max: int = 0
     decode_kv_min: int = 0
+    #: FlashAttention varlen work of the prefill requests, sum of c_i * (2 kv_i + c_i) (twice
+    #: the causal query-key pairs of chunk c_i over kv_i cached tokens); 0 = one request,
+    #: ``prefill_tokens`` over ``prefill_kv``
+    prefill_work: int = 0
 
     @property
     def decode_kv_mean(self) -> int:
@@ -61,27 +73,94 @@ class LayerTimes:
         return pro + self.num_blocks * blk + hd
 
 
-@runtime_checkable
-class LatencyProvider(Protocol):
-    """Per-layer latency for one (hardware, model, tp)."""
+class LatencyProvider(ABC):
+    """Per-layer latency for one (hardware, model, tp): the contract the engine calls.
 
-    #: "measured", "roofline" or "aic": recorded in every output.
-    kind: str
-    #: Human-readable origin, e.g. the bundle folder or "roofline(H100-SXM)".
-    source: str
+    A subclass implements :meth:`layer_times` (and :meth:`moe_ns` for MoE models) and
+    registers itself with ``LATENCY_PROVIDERS.register(name, cls)``; everything else has
+    a default here. The model spec it is built for carries the precision
+    (``model.quantization``, ``model.kv_cache_dtype``), so one provider serves one
+    precision.
+    """
 
+    #: the registry name ("measured", "roofline", "aic"): recorded in every output
+    kind: str = ""
+    #: human-readable origin, e.g. the bundle folder or "roofline(H100-SXM)"
+    source: str = ""
+    #: the model spec (with its precision) this provider answers for
+    model: ModelSpec
+    #: whether :meth:`covers` is exact (a failing build is then an error, not a reason for
+    #: ``auto`` to try the next provider)
+    exact_coverage: bool = True
+    #: why ``auto`` picked this provider, or what it fell back from ("" when chosen by name)
+    note: str = ""
+
+    @abstractmethod
     def layer_times(self, shape: BatchShape) -> LayerTimes:
         """Per-layer times for this batch. MoE layers assume all tokens are local."""
-        ...
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        """Whole-iteration compute time on one NPU (providers may pre-sum it faster)."""
+        return self.layer_times(shape).total_ns()
 
     def moe_ns(self, tokens: int, activated_experts: int) -> int:
         """One MoE layer on one rank: ``tokens`` routed to ``activated_experts`` experts."""
-        ...
+        raise InputError(f"{self.model.name} is not a mixture-of-experts model"
+                         if not self.model.is_moe else
+                         f"the {self.kind} latency provider has no MoE timing")
+
+    def expected_active_experts(self, tokens: int) -> int:
+        """Distinct experts ``tokens`` tokens activate (the model spec's expectation)."""
+        return self.model.expected_active_experts(tokens)
 
     def extrapolations(self) -> dict[str, int]:
         """Count of lookups that fell outside the measured grid, by axis (reported)."""
-        ...
+        return {}
+
+    @classmethod
+    def covers(cls, model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> str | None:
+        """Why this provider cannot answer for (model with its precision, hardware, tp)
+        without building it, or None when it can (``auto`` and the coverage matrix ask)."""
+        return None
 
 
-#: name -> factory(model: ModelSpec, hardware: str, tp: int, **options) -> LatencyProvider
+#: name -> provider class, called as cls(model, hardware, tp, **options). The only list of
+#: provider names: the CLI choices, the cluster/dse option checks and ``auto`` read it.
 LATENCY_PROVIDERS: Registry[LatencyProvider] = Registry("latency provider")
+#: the order ``--latency-provider auto`` tries: best data first
+AUTO_ORDER = ("measured", "aic", "roofline")
+
+
+def load_providers() -> Registry[LatencyProvider]:
+    """Import every module of this package (each provider registers itself on import) and
+    return the registry: a new provider is one new module here, nothing else."""
+    import importlib
+    import pkgutil
+
+    import sim.latency as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{info.name}")
+    return LATENCY_PROVIDERS
+
+
+def provider_names(with_auto: bool = True) -> list[str]:
+    """Registered provider names (plus ``auto``): what --latency-provider accepts."""
+    names = load_providers().names()
+    return (["auto"] if with_auto else []) + names
+
+
+def auto_choice(model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> tuple[str, str]:
+    """(provider name, why) that ``auto`` picks: the first of AUTO_ORDER that covers the case."""
+    reg = load_providers()
+    skipped = []
+    for name in AUTO_ORDER:
+        if name not in reg:
+            continue
+        why_not = reg.get(name).covers(model, hardware, tp, profiles_dirs)
+        if why_not is None:
+            head = f"auto picked {name}"
+            return name, head + (f" ({'; '.join(skipped)})" if skipped else "")
+        skipped.append(f"{name}: {why_not}")
+    raise InputError(f"no latency provider covers {model.name} on {hardware} tp={tp}: "
+                     + "; ".join(skipped))

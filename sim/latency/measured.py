@@ -14,8 +14,12 @@ Lookup rules (all tables are built once, at construction):
   (``skew_fit.csv``), batches with unequal decode lengths are corrected towards the lookup
   at the longest KV by the measured per-bucket alpha.
 - moe: bilinear over (tokens, activated_experts).
-Queries above the grid extrapolate linearly from the last two points and are counted
-and reported (``extrapolations()``); a missing layer is an error, never zero.
+Queries above the grid extrapolate monotonically (never cheaper as work grows) from the
+top grid point with a slope fitted on the upper half of the axis: least squares over the
+points at or above half the largest key, floored at zero; for token and sequence axes
+(GEMM-like work) also at least the top point's time per token, so a flat last step
+(wave quantisation) does not flatten the line. Such lookups are counted and reported
+(``extrapolations()``); a missing layer is an error, never zero.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 import yaml
 
 from sim.errors import InputError
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LayerTimes
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
 
@@ -41,16 +45,34 @@ def bundle_search_dirs(extra: tuple[str, ...] | list[str] = ()) -> list[Path]:
     return dirs
 
 
-def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
-    """The variant folder of a bundle for (hardware, model), or None."""
-    variant = VARIANT_BY_DTYPE.get(model.dtype, model.dtype)
-    names = [model.name, *model.aliases]
+def bundle_variant(model: ModelSpec) -> str:
+    """The bundle variant folder named for the served precision: the weights' precision
+    (``fp8`` under FP8 quantization, else the dtype's short name), plus ``-kvfp8`` with an
+    FP8 KV cache, e.g. ``bf16``, ``fp8``, ``fp8-kvfp8``."""
+    base = "fp8" if model.is_fp8 else VARIANT_BY_DTYPE.get(model.dtype, model.dtype)
+    return base + ("-kvfp8" if model.kv_is_fp8 else "")
+
+
+def _bundle_folders(hardware: str, model: ModelSpec, extra_dirs=()):
     for d in bundle_search_dirs(extra_dirs):
-        for name in names:
-            p = d / hardware / name / variant
-            if (p / "meta.yaml").is_file():
-                return p
+        for name in dict.fromkeys([model.name, *model.aliases]):
+            yield d / hardware / name
+
+
+def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
+    """The variant folder of a bundle for (hardware, model at its precision), or None."""
+    variant = bundle_variant(model)
+    for folder in _bundle_folders(hardware, model, extra_dirs):
+        p = folder / variant
+        if (p / "meta.yaml").is_file():
+            return p
     return None
+
+
+def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
+    """Variants measured for (hardware, model) at other precisions (for error notes)."""
+    return sorted({p.parent.name for f in _bundle_folders(hardware, model, extra_dirs)
+                   for p in f.glob("*/meta.yaml")} - {bundle_variant(model)})
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
@@ -74,19 +96,43 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-def _interp_table(keys: list[int], vals: list[float], upto: int) -> np.ndarray:
-    """Values at 0..upto by linear interpolation, linear extrapolation above the grid."""
+def upper_slope(keys, vals) -> float:
+    """Least-squares slope through the upper half of a grid axis (the points whose key is
+    at least half the largest; the last two where fewer), floored at zero."""
+    n = len(keys)
+    if n < 2:
+        return 0.0
+    top = keys[-1]
+    idx = [i for i in range(n) if keys[i] * 2 >= top]
+    if len(idx) < 2:
+        idx = [n - 2, n - 1]
+    xs = [float(keys[i]) for i in idx]
+    ys = [float(vals[i]) for i in idx]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return 0.0
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
+
+
+def work_slope(keys, vals) -> float:
+    """Extrapolation slope of a token/sequence axis: the upper-half fit, but at least the
+    top point's time per unit of work (scaling from the largest measured step)."""
+    per_unit = vals[-1] / keys[-1] if keys and keys[-1] > 0 else 0.0
+    return max(upper_slope(keys, vals), per_unit)
+
+
+def _interp_table(keys: list[int], vals: list[float], upto: int) -> tuple[np.ndarray, float]:
+    """Values at 0..upto by linear interpolation, clamped below the grid, and above it the
+    top point plus :func:`work_slope` per unit; returns the table and that slope."""
     k = np.asarray(keys, dtype=np.float64)
     v = np.asarray(vals, dtype=np.float64)
     x = np.arange(upto + 1, dtype=np.float64)
     out = np.interp(x, k, v)
-    if len(k) >= 2:
-        hi = x > k[-1]
-        slope = (v[-1] - v[-2]) / (k[-1] - k[-2])
-        out[hi] = v[-1] + slope * (x[hi] - k[-1])
-        lo = x < k[0]
-        out[lo] = v[0]
-    return out
+    slope = work_slope(keys, vals)
+    hi = x > k[-1]
+    out[hi] = v[-1] + slope * (x[hi] - k[-1])
+    return out, slope
 
 
 class _Axis:
@@ -109,7 +155,10 @@ class _Axis:
         return i - 1, i, (q - vals[i - 1]) / (vals[i] - vals[i - 1]), False
 
 
-class MeasuredProvider:
+class MeasuredProvider(LatencyProvider):
+    """Profile bundles measured with vLLM, looked up by the variant named for the served
+    precision (:func:`bundle_variant`); a bundle of another precision is never used."""
+
     kind = "measured"
 
     def __init__(self, model: ModelSpec, hardware: str, tp: int, *, bundle: Path | None = None,
@@ -120,9 +169,12 @@ class MeasuredProvider:
         root = bundle or find_bundle(hardware, model, profiles_dirs)
         if root is None:
             searched = ", ".join(str(d) for d in bundle_search_dirs(profiles_dirs))
+            others = other_variants(hardware, model, profiles_dirs)
+            has = f" (has only {', '.join(others)}: other precisions are not used)" if others else ""
             raise InputError(f"no measured profile bundle for hardware={hardware!r} "
-                             f"model={model.name!r}; searched {searched}. Use "
-                             "--latency-provider roofline, or profile one with `llmsim profile`")
+                             f"model={model.name!r} variant {bundle_variant(model)!r}{has}; "
+                             f"searched {searched}. Use --latency-provider auto, aic or "
+                             "roofline, or profile one with `llmsim profile`")
         self.root = Path(root)
         self.source = str(self.root)
         meta_path = self.root / "meta.yaml"
@@ -164,7 +216,7 @@ class MeasuredProvider:
                 raise InputError(f"missing layer {name!r}; has {sorted(by_seq)}",
                                  source=str(seq_path))
 
-        def table(d: dict[int, float], upto: int) -> np.ndarray:
+        def table(d: dict[int, float], upto: int) -> tuple[np.ndarray, float]:
             ks = sorted(d)
             return _interp_table(ks, [d[k] for k in ks], upto)
 
@@ -174,9 +226,14 @@ class MeasuredProvider:
         self._max_seqs = max_seqs
         # Per-layer arrays (ns) indexed by token/sequence count, as Python lists for fast
         # scalar indexing.
-        self._dense = {name: table(by_layer[name], max_tokens).tolist()
-                       for name in {*PROLOGUE, *HEAD_DENSE, *dense_needed}}
-        self._seq = {name: table(by_seq[name], max_seqs).tolist() for name in HEAD_PER_SEQUENCE}
+        dense = {name: table(by_layer[name], max_tokens)
+                 for name in {*PROLOGUE, *HEAD_DENSE, *dense_needed}}
+        seq = {name: table(by_seq[name], max_seqs) for name in HEAD_PER_SEQUENCE}
+        self._dense = {name: t.tolist() for name, (t, _) in dense.items()}
+        self._seq = {name: t.tolist() for name, (t, _) in seq.items()}
+        # slopes past the precomputed tables (the same line the tables end on)
+        self._dense_slope = {name: s for name, (_, s) in dense.items()}
+        self._seq_slope = {name: s for name, (_, s) in seq.items()}
         self._grid_tokens = min(self._dense_max[n] for n in self._dense)
         self._grid_seqs = min(self._seq_max.values())
         # Whole-iteration sums for the single-NPU fast path, of the same per-layer integer
@@ -209,7 +266,8 @@ class MeasuredProvider:
             rows_ = []
             for kp in kp_axis.vals:
                 kd_axis = _Axis(by_kp[kp])
-                rows_.append((kd_axis, [by_kp[kp][k] for k in kd_axis.vals]))
+                vals = [by_kp[kp][k] for k in kd_axis.vals]
+                rows_.append((kd_axis, vals, upper_slope(kd_axis.vals, vals)))
             self._attn[key] = (kp_axis, rows_)
         self._attn_pairs = list(self._attn)
         self._attn_path = path
@@ -279,7 +337,11 @@ class MeasuredProvider:
             by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \
                 float(r["time_us"]) * 1e3
         ae_axis = _Axis(by_ae)
-        rows_ = [(_Axis(by_ae[a]), [by_ae[a][t] for t in sorted(by_ae[a])]) for a in ae_axis.vals]
+        rows_ = []
+        for a in ae_axis.vals:
+            t_axis = _Axis(by_ae[a])
+            vals = [by_ae[a][t] for t in t_axis.vals]
+            rows_.append((t_axis, vals, work_slope(t_axis.vals, vals)))
         return ae_axis, rows_
 
     # ------------------------------------------------------------------ lookups
@@ -287,9 +349,21 @@ class MeasuredProvider:
         self._extrap[axis] = self._extrap.get(axis, 0) + 1
 
     @staticmethod
-    def _line(axis: _Axis, vals: list[float], q: float) -> float:
+    def _line(axis: _Axis, vals: list[float], q: float, slope: float) -> float:
+        if q > axis.vals[-1]:
+            return vals[-1] + slope * (q - axis.vals[-1])
         lo, hi, t, _ = axis.bracket(q)
         return vals[lo] + t * (vals[hi] - vals[lo])
+
+    @staticmethod
+    def _beyond(axis: _Axis, at, q: float) -> float:
+        """Past the top of ``axis``: the top value plus the upper-half slope of the values
+        ``at(i)`` at the axis points (monotone in ``q``)."""
+        keys = axis.vals
+        first = next(i for i in range(axis.n) if keys[i] * 2 >= keys[-1] or i >= axis.n - 2)
+        idx = range(first, axis.n)
+        vals = [at(i) for i in idx]
+        return vals[-1] + upper_slope([keys[i] for i in idx], vals) * (q - keys[-1])
 
     def _slice(self, pc: int, nd: int, kp: int, kd: int) -> float:
         s = self._attn.get((pc, nd))
@@ -299,16 +373,19 @@ class MeasuredProvider:
             s = self._attn[(pc, nd)]
         kp_axis, rows = s
         lo, hi, t, ex = kp_axis.bracket(kp)
+        line = self._line
         if ex:
             self._note("kv_prefill")
-        kd_axis, vals = rows[lo]
-        v_lo = self._line(kd_axis, vals, kd)
+            return self._beyond(kp_axis, lambda i: line(rows[i][0], rows[i][1], kd, rows[i][2]),
+                                kp)
+        kd_axis, vals, slope = rows[lo]
         if kd > kd_axis.vals[-1]:
             self._note("kv_decode")
+        v_lo = line(kd_axis, vals, kd, slope)
         if lo == hi:
             return v_lo
-        kd_axis, vals = rows[hi]
-        return v_lo + t * (self._line(kd_axis, vals, kd) - v_lo)
+        kd_axis, vals, slope = rows[hi]
+        return v_lo + t * (line(kd_axis, vals, kd, slope) - v_lo)
 
     def attention_ns(self, shape: BatchShape) -> float:
         """Attention at the batch's mean decode KV, skew-corrected where the bundle has a
@@ -325,23 +402,45 @@ class MeasuredProvider:
         return t_mean + alpha * (t_max - t_mean) if t_max > t_mean else t_mean
 
     def _attention_at(self, shape: BatchShape, kd: int) -> float:
-        pc, kp, nd = shape.prefill_tokens, shape.prefill_kv, shape.num_decode
+        """Several prompts in one step run as one FlashAttention varlen kernel whose work is
+        the sum over requests of c_i (kv_i + c_i/2), not (sum c) x (sum kv): the grid (one
+        prompt per point) is read at the total chunk (the kernel's query rows) and the
+        cached KV that gives that one prompt the same work; when the work is below even
+        a fresh prompt of that size, the prefill part of that lookup is scaled down by the
+        work ratio over the fixed overhead."""
+        pc, nd = shape.prefill_tokens, shape.num_decode
+        two_w = shape.prefill_work
+        if not (pc and two_w):
+            return self._attention_grid(pc, shape.prefill_kv, nd, kd)
+        excess = two_w - pc * pc
+        if excess >= 0:
+            return self._attention_grid(pc, excess // (2 * pc), nd, kd)
+        base = self._attention_grid(0, 0, nd, kd)
+        return base + (self._attention_grid(pc, 0, nd, kd) - base) * two_w / (pc * pc)
+
+    def _attention_grid(self, pc: int, kp: int, nd: int, kd: int) -> float:
         plo, phi, pt, pex = self._pc_axis.bracket(pc)
-        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
         if pex:
             self._note("prefill_chunk")
-        if nex:
-            self._note("n_decode")
-        pcs, nds = self._pc_axis.vals, self._nd_axis.vals
-        c00 = self._slice(pcs[plo], nds[nlo], kp, kd)
-        c01 = self._slice(pcs[plo], nds[nhi], kp, kd) if nhi != nlo else c00
-        v0 = c00 + nt * (c01 - c00)
+            pcs = self._pc_axis.vals
+            return self._beyond(self._pc_axis, lambda i: self._over_nd(pcs[i], nd, kp, kd), pc)
+        pcs = self._pc_axis.vals
+        v0 = self._over_nd(pcs[plo], nd, kp, kd)
         if phi == plo:
             return v0
-        c10 = self._slice(pcs[phi], nds[nlo], kp, kd)
-        c11 = self._slice(pcs[phi], nds[nhi], kp, kd) if nhi != nlo else c10
-        v1 = c10 + nt * (c11 - c10)
-        return v0 + pt * (v1 - v0)
+        return v0 + pt * (self._over_nd(pcs[phi], nd, kp, kd) - v0)
+
+    def _over_nd(self, pc: int, nd: int, kp: int, kd: int) -> float:
+        """Attention at a profiled prefill chunk, interpolated (or extended) over n_decode."""
+        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
+        nds = self._nd_axis.vals
+        if nex:
+            self._note("n_decode")
+            return self._beyond(self._nd_axis, lambda i: self._slice(pc, nds[i], kp, kd), nd)
+        c0 = self._slice(pc, nds[nlo], kp, kd)
+        if nhi == nlo:
+            return c0
+        return c0 + nt * (self._slice(pc, nds[nhi], kp, kd) - c0)
 
     def moe_ns(self, tokens: int, activated_experts: int) -> int:
         if self._moe is None:
@@ -350,13 +449,16 @@ class MeasuredProvider:
         lo, hi, t, ex = ae_axis.bracket(activated_experts)
         if ex:
             self._note("activated_experts")
-        a_axis, vals = rows[lo]
+            v = self._beyond(ae_axis, lambda i: self._line(rows[i][0], rows[i][1], tokens,
+                                                           rows[i][2]), activated_experts)
+            return max(1, int(v))
+        a_axis, vals, slope = rows[lo]
         if tokens > a_axis.vals[-1]:
             self._note("moe_tokens")
-        v = self._line(a_axis, vals, tokens)
+        v = self._line(a_axis, vals, tokens, slope)
         if hi != lo:
-            b_axis, bvals = rows[hi]
-            v += t * (self._line(b_axis, bvals, tokens) - v)
+            b_axis, bvals, bslope = rows[hi]
+            v += t * (self._line(b_axis, bvals, tokens, bslope) - v)
         return max(1, int(v))
 
     def _dense_at(self, name: str, tokens: int) -> float:
@@ -364,15 +466,15 @@ class MeasuredProvider:
         if tokens < len(table):
             return table[tokens]
         self._note("tokens")
-        # Beyond the precomputed table: extrapolate from the last two entries.
-        return table[-1] + (table[-1] - table[-2]) * (tokens - len(table) + 1)
+        # Beyond the precomputed table: the table's own extrapolation line, continued.
+        return table[-1] + self._dense_slope[name] * (tokens - len(table) + 1)
 
     def _seq_at(self, name: str, seqs: int) -> float:
         table = self._seq[name]
         if seqs < len(table):
             return table[seqs]
         self._note("sequences")
-        return table[-1] + (table[-1] - table[-2]) * (seqs - len(table) + 1)
+        return table[-1] + self._seq_slope[name] * (seqs - len(table) + 1)
 
     def layer_times(self, shape: BatchShape) -> LayerTimes:
         t = shape.num_tokens
@@ -409,13 +511,20 @@ class MeasuredProvider:
             per_block += self.moe_ns(t, self.expected_active_experts(t))
         return self._dense_total[t] + self._seq_total[s] + per_block * self.model.num_hidden_layers
 
-    def expected_active_experts(self, tokens: int) -> int:
-        """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly."""
-        e, k = self.model.num_experts, self.model.num_experts_per_tok
-        return max(1, min(e, round(e * (1.0 - (1.0 - k / e) ** tokens))))
-
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
+
+
+    @classmethod
+    def covers(cls, model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> str | None:
+        root = find_bundle(hardware, model, profiles_dirs)
+        if root is None:
+            others = other_variants(hardware, model, profiles_dirs)
+            return (f"no {bundle_variant(model)} bundle"
+                    + (f" (only {', '.join(others)})" if others else ""))
+        if not (root / f"tp{tp}").is_dir():
+            return f"bundle {root} has no tp{tp}"
+        return None
 
 
 LATENCY_PROVIDERS.register("measured", MeasuredProvider)

@@ -31,8 +31,8 @@ import yaml
 
 from sim.errors import InputError
 from sim.hardware import HardwareSpec, load_hardware
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LayerTimes
-from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
+from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
+from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, check_fp8_hardware
 from sim.paths import profiles_root
 
 #: op class of every layer name the model walks
@@ -98,6 +98,7 @@ class RankDims:
     __slots__ = (
         "b",
         "d",
+        "kvb",
         "h",
         "hkv",
         "hq",
@@ -107,6 +108,7 @@ class RankDims:
         "top_k",
         "vocab_full",
         "vocab_rank",
+        "wb",
     )
 
     def __init__(self, m: ModelSpec, tp: int) -> None:
@@ -117,28 +119,33 @@ class RankDims:
         self.inter = m.intermediate_size / tp
         self.vocab_rank = m.vocab_size / tp
         self.vocab_full = m.vocab_size                    # the sampler sees gathered logits
-        self.b = m.dtype_bytes
+        self.b = m.dtype_bytes                            # activations (bf16 in W8A8)
+        self.wb = m.weight_dtype_bytes()                  # quantized linear weights
+        self.kvb = m.kv_dtype_bytes()                     # KV-cache elements
         self.moe_inter = m.moe_intermediate_size / tp     # experts shard within, over tp
         self.n_experts = m.num_experts
         self.top_k = m.num_experts_per_tok
 
 
-def gemm_work(tokens, k: float, n: float, b: int):
-    """(flops, bytes) of a [tokens x k] @ [k x n] matmul in dtype of ``b`` bytes."""
-    return 2.0 * tokens * k * n, b * (k * n + tokens * k + tokens * n)
+def gemm_work(tokens, k: float, n: float, b: int, wb: int | None = None):
+    """(flops, bytes) of a [tokens x k] @ [k x n] matmul: activations of ``b`` bytes,
+    weights of ``wb`` bytes (default ``b``; 1 for FP8 weights, whose per-token activation
+    quantization is fused into the GEMM's input read)."""
+    wb = b if wb is None else wb
+    return 2.0 * tokens * k * n, wb * k * n + b * (tokens * k + tokens * n)
 
 
 def dense_work(name: str, r: RankDims, tokens):
     """(class, flops, bytes) of one token-indexed layer (works on floats and arrays)."""
     h, hq, hkv, d, b = r.h, r.hq, r.hkv, r.d, r.b
     if name == "qkv_proj":
-        return ("gemm", *gemm_work(tokens, h, (hq + 2 * hkv) * d, b))
+        return ("gemm", *gemm_work(tokens, h, (hq + 2 * hkv) * d, b, r.wb))
     if name == "o_proj":
-        return ("gemm", *gemm_work(tokens, hq * d, h, b))
+        return ("gemm", *gemm_work(tokens, hq * d, h, b, r.wb))
     if name == "gate_up_proj":
-        return ("gemm", *gemm_work(tokens, h, 2 * r.inter, b))
+        return ("gemm", *gemm_work(tokens, h, 2 * r.inter, b, r.wb))
     if name == "down_proj":
-        return ("gemm", *gemm_work(tokens, r.inter, h, b))
+        return ("gemm", *gemm_work(tokens, r.inter, h, b, r.wb))
     if name in ("layernorm", "final_layernorm"):
         # vLLM fuses the residual add into RMSNorm: read x and residual, write both.
         return "elementwise", 4.0 * tokens * h, 4.0 * b * tokens * h
@@ -169,22 +176,24 @@ def prefill_attention_work(r: RankDims, chunk, kv, min_rows: float, maximum=max)
     Query rows below ``min_rows / heads`` are padded (the GPU is not filled)."""
     q_eff = maximum(chunk, min_rows / r.hq)
     flops = 4.0 * r.hq * r.d * q_eff * (kv + 0.5 * chunk)
-    nbytes = r.b * r.d * (chunk * (2.0 * r.hq + 2.0 * r.hkv) + kv * 2.0 * r.hkv)
+    # q in, out written in the activation dtype; new K/V written and cached K/V read in
+    # the KV-cache dtype
+    nbytes = r.d * (r.b * chunk * 2.0 * r.hq + r.kvb * (chunk + kv) * 2.0 * r.hkv)
     return flops, nbytes
 
 
 def decode_attention_work(r: RankDims, n_decode, kv_sum, pad_rows: float = 1.0):
     """(flops, bytes) of decode attention: ``n_decode`` queries reading ``kv_sum`` KV."""
     flops = 4.0 * r.hq * r.d * kv_sum * pad_rows
-    nbytes = r.b * r.d * (kv_sum * 2.0 * r.hkv + n_decode * 2.0 * r.hq)
+    nbytes = r.d * (r.kvb * kv_sum * 2.0 * r.hkv + r.b * n_decode * 2.0 * r.hq)
     return flops, nbytes
 
 
 def moe_work(r: RankDims, tokens, activated):
     """(flops, bytes) of a fused MoE layer: router + ``activated`` experts' weights."""
     flops = 2.0 * tokens * r.top_k * 3.0 * r.h * r.moe_inter + 2.0 * tokens * r.h * r.n_experts
-    nbytes = r.b * (activated * 3.0 * r.h * r.moe_inter + r.h * r.n_experts
-                    + 2.0 * tokens * r.h + 2.0 * tokens * r.top_k * r.moe_inter)
+    nbytes = (r.wb * activated * 3.0 * r.h * r.moe_inter
+              + r.b * (r.h * r.n_experts + 2.0 * tokens * r.h + 2.0 * tokens * r.top_k * r.moe_inter))
     return flops, nbytes
 
 
@@ -217,7 +226,17 @@ class _Class:
         return soft_roofline(flops * self.s_flop, nbytes * self.s_byte, self.p) + self.ovh_ns
 
 
-class RooflineProvider:
+class RooflineProvider(LatencyProvider):
+    """Calibrated soft roofline on the hardware catalogue's datasheet numbers.
+
+    Precision: FP8 weights (``quantization: fp8``) run the GEMM and MoE classes at the
+    hardware's fp8 peak and move 1-byte weights; an FP8 KV cache halves the KV bytes that
+    attention moves, its compute stays at the model dtype's peak (the cache is dequantized
+    in the kernel, as aiconfigurator's vLLM FP8-KV data shows); lm_head, norms and
+    activations stay in the model dtype. The per-class
+    efficiencies are the bf16 fit, applied unchanged to FP8 (no FP8 bundle to fit yet).
+    """
+
     kind = "roofline"
 
     def __init__(self, model: ModelSpec, hardware: str | HardwareSpec, tp: int = 1, *,
@@ -225,13 +244,18 @@ class RooflineProvider:
         model.check_tp(tp)
         self.model = model
         self.hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+        check_fp8_hardware(model, self.hw.name)
         self.tp = tp
-        self.source = f"roofline({self.hw.name})"
+        self.source = f"roofline({self.hw.name})" if model.precision == "bf16" \
+            else f"roofline({self.hw.name}, {model.precision})"
         cal = calibration if isinstance(calibration, dict) else load_calibration(calibration)
         self.calibration = cal
         peak = self.hw.peak_flops(model.dtype)
+        peak_w = self.hw.peak_flops("fp8") if model.is_fp8 else peak
+        peaks = {"gemm": peak_w, "moe": peak_w}
         bw = self.hw.mem_bw_Bps
-        self._cls = {c: _Class(cal[c], peak, bw) for c in CLASSES if c != "attn_mixed"}
+        self._cls = {c: _Class(cal[c], peaks.get(c, peak), bw) for c in CLASSES
+                     if c != "attn_mixed"}
         self._r = RankDims(model, tp)
         self._min_rows = cal["attn_prefill"]["min_parallel_rows"]
         self._pad = cal["attn_mixed"]["decode_pad_rows"]
@@ -284,11 +308,6 @@ class RooflineProvider:
                 self._moe_cache[key] = v
         return v
 
-    def expected_active_experts(self, tokens: int) -> int:
-        """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly."""
-        e, k = self.model.num_experts, self.model.num_experts_per_tok
-        return max(1, min(e, round(e * (1.0 - (1.0 - k / e) ** tokens))))
-
     # -------------------------------------------------------------- cached pieces
     def _dense_parts(self, t: int) -> tuple:
         parts = self._dense_cache.get(t)
@@ -335,15 +354,18 @@ class RooflineProvider:
         attn = max(1, int(self.attention_ns(shape)))
         return edge_sum + seq_sum + self.model.num_hidden_layers * (dense_sum + attn)
 
-    def extrapolations(self) -> dict[str, int]:
-        return {}
+    @classmethod
+    def covers(cls, model: ModelSpec, hardware: str, tp: int, profiles_dirs=()) -> str | None:
+        try:
+            hw = load_hardware(hardware)
+        except InputError:
+            return f"hardware {hardware!r} is not in the catalogue"
+        if (model.is_fp8 or model.kv_is_fp8) and "fp8" not in hw.peak_tflops:
+            return f"{hw.name} has no fp8 peak"
+        return None
 
 
-def _factory(model: ModelSpec, hardware: str, tp: int = 1, **options) -> RooflineProvider:
-    return RooflineProvider(model, hardware, tp, **options)
-
-
-LATENCY_PROVIDERS.register("roofline", _factory)
+LATENCY_PROVIDERS.register("roofline", RooflineProvider)
 
 __all__ = [
     "CLASSES",

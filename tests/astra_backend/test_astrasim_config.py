@@ -9,6 +9,7 @@ if getattr(sys.modules.get("astrasim"), "__file__", "") is None:
     del sys.modules["astrasim"]
 
 import pytest
+from astrasim import CollectiveCommType as CT
 from astrasim import ConfigError, Engine, MemoryConfig, Network, SystemConfig
 
 # shapes of upstream ASTRA-Sim example inputs
@@ -87,8 +88,14 @@ def test_implementation_list_must_match_dims(tmp_path):
     net = Network.build(["Ring", "Switch"], [4, 2], [50, 50], [1, 1])
     with pytest.raises(ConfigError, match="all-gather-implementation.*3 entries.*2 dim"):
         Engine(net, SystemConfig.load(p))
-    # one entry applies to every dimension
-    assert Engine(net, SystemConfig.from_dict({"all-gather-implementation": ["direct"]}))
+    # a shorter list covers the first dimensions only (upstream's GeneralComplexTopology
+    # builds one logical dimension per entry): the collective runs on dimension 0 alone
+    short = Engine(net, SystemConfig.from_dict({"all-gather-implementation": ["direct"]}))
+    alone = Engine(net, SystemConfig.from_dict({"all-gather-implementation": ["direct", "ring"]}))
+    assert short.collective_time(CT.ALL_GATHER, 1 << 20, [True, True]) == \
+        alone.collective_time(CT.ALL_GATHER, 1 << 20, [True, False]) > 0
+    # the key absent: ring on every dimension
+    assert Engine(net, SystemConfig()).coll.impls["all_gather"] == ("ring", "ring")
 
 
 def test_bad_json_and_memory(tmp_path):

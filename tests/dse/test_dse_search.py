@@ -100,12 +100,20 @@ def test_dse_mlflow_parent_and_children(grid_run):
     r = sims[0]
     for p in ("tp", "replicas", "max_num_seqs", "cluster.devices_used", "cluster.num_instances"):
         assert p in r.data.params
-    for m in ("objective.throughput_per_device", "objective.p99_ttft", "ttft_ms.p99",
-              "throughput_rps", "constraint.p99_ttft_ms"):
+    for m in ("objective/throughput_per_device", "objective/p99_ttft", "ttft/p99_ms",
+              "throughput/throughput_rps", "constraint/p99_ttft_ms"):
         assert m in r.data.metrics
+    assert not any("." in m for m in r.data.metrics)  # every metric sits in a group
     assert r.data.tags["latency_provider"] == "roofline"
     arts = {a.path for a in client.list_artifacts(r.info.run_id)}
-    assert {"requests.csv", "cluster.json", "timeseries.csv"} <= arts
+    assert {"requests.csv", "cluster.json", "timeseries.csv", "latency_hist.png"} <= arts
+    png = client.download_artifacts(r.info.run_id, "latency_hist.png", str(out / "dl"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # MLflow 3's UI opens a training-style experiment on its runs table
+    exp = client.get_experiment(meta["experiment_id"])
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    parent_arts = {a.path for a in client.list_artifacts(meta["mlflow_parent_run_id"])}
+    assert {"pareto.csv", "report.html", "best"} <= parent_arts
     local = client.download_artifacts(r.info.run_id, "requests.csv", str(out / "dl"))
     assert len(pd.read_csv(local)) == 60
     rej = next(c for c in children if c.data.tags["rejected"] == "True")
@@ -118,8 +126,14 @@ def test_dse_report_outputs(grid_run, capsys):
     _, out, _ = grid_run
     html = (out / "report.html").read_text()
     assert "Pareto front" in html and "roofline" in html and "vllm serve" in html
-    best = sorted((out / "best").glob("*.vllm.sh"))
-    assert best and "--tensor-parallel-size" in best[0].read_text()
+    assert html.count("plotly.min.js") == 1 and (out / "plotly.min.js").exists()
+    assert len(html) < 1_500_000
+    front = pd.read_csv(out / "pareto.csv")
+    assert front["config"].is_unique
+    best = sorted((out / "best").glob("*.serve.sh"))
+    assert len(best) == len(front)  # every distinct Pareto configuration is exported
+    assert "--tensor-parallel-size" in best[0].read_text()
+    assert len(list((out / "best").glob("*.bench.sh"))) == len(front)
     cluster = json.loads(min((out / "best").glob("*.cluster.json")).read_text())
     import sim
 

@@ -28,6 +28,8 @@ BAD_CASES = [
     ({"knobs": {"enable_prefix_caching": ["yes"]}}, ["knobs.enable_prefix_caching", "true or false"]),
     ({"knobs": {"tp": []}}, ["knobs.tp", "empty"]),
     ({"knobs": {"routing_policy": ["LOAD", "FASTEST"]}}, ["knobs.routing_policy", "FASTEST", "RR"]),
+    ({"knobs": {"collective_algorithm": ["ring", "tree"]}},
+     ["knobs.collective_algorithm", "tree", "ring, direct, halvingDoubling"]),
     ({"model": "llama-9000"}, ["model", "llama-9000", "meta-llama/Llama-3.1-8B"]),
     ({"hardware": "TPU-v9"}, ["hardware", "TPU-v9", "H100-SXM"]),
     ({"objectives": ["throughput_per_device", "happiness"]},
@@ -38,6 +40,8 @@ BAD_CASES = [
     ({"slo": {"p99_ttft_ms": -5}}, ["slo.p99_ttft_ms", "> 0"]),
     ({"search": {"sampler": "bayes"}}, ["search.sampler", "bayes", "nsga2, tpe, random, grid"]),
     ({"knobs": {"ep": [1, 2]}}, ["knobs.ep", "MoE", "dense"]),
+    ({"knobs": {"all2all_backend": ["naive", "pplx"]}},
+     ["knobs.all2all_backend", "pplx", "allgather_reducescatter, naive"]),
     ({"knobs": {"pd_ratio": ["1:1"]}}, ["knobs.pd_ratio", "pd"]),
     ({"knobs": {"pd": [False, True], "pd_ratio": ["1-1"]}}, ["knobs.pd_ratio", "P:D"]),
     ({"knobs": {"pim_mode": ["off", "local"]}}, ["knobs.pim_mode", "no PIM"]),
@@ -116,7 +120,7 @@ def _probe_cluster(kind: str) -> dict:
 
 def test_dse_quickstart_space_loads():
     s = load_space("search_spaces/quickstart.yaml")
-    assert s.simulator["latency_provider"] == "roofline"
+    assert s.simulator["latency_provider"] == "auto"   # the best data available (#17)
     assert s.search.n_trials >= 40
 
 
@@ -139,3 +143,29 @@ def test_dse_pareto_mask():
     # maximize first, minimize second: [10,6] dominated by [10,5]; [7,7] dominated
     m = pareto_mask(v, ["maximize", "minimize"])
     assert m.tolist() == [True, True, False, False, True]
+
+
+def test_dse_collective_algorithm_knob_reaches_the_cluster_file():
+    from dse.config import build_cluster
+
+    data = {**BASE_SPACE, "knobs": {"tp": [2], "collective_algorithm": ["ring", "direct"]}}
+    s = parse_space(yaml.safe_load(yaml.safe_dump(data)), "x.yaml")
+    by_algo = {p["collective_algorithm"]: build_cluster(s, s.complete(p)) for p in s.grid()}
+    assert by_algo["direct"]["collective_algorithm"] == "direct"
+    assert "collective_algorithm" not in by_algo["ring"]  # ring is the cluster default
+def test_dse_all2all_backend_applies_to_moe_dp_groups_only():
+    from dse.config import make_trial_config, vllm_command
+
+    space = load_space("search_spaces/moe.yaml")
+    assert "all2all_backend" in space.searched_knobs
+    assert not space.active("all2all_backend", {"dp": 1})
+    assert space.active("all2all_backend", {"dp": 2})
+    one = space.complete({"dp": 1, "all2all_backend": "naive"})
+    assert one["all2all_backend"] == "allgather_reducescatter"
+    params = {"tp": 1, "ep": 2, "dp": 2, "replicas": 2, "all2all_backend": "naive"}
+    cfg = make_trial_config(space, 0, params)
+    assert cfg.options["all2all_backend"] == "naive"
+    assert {i["dp_group"] for n in cfg.cluster["nodes"] for i in n["instances"]} == {"dp0"}
+    assert "--all2all-backend naive" in vllm_command(space, params)
+    dense = parse_space(yaml.safe_load(yaml.safe_dump(BASE_SPACE)), "x.yaml")
+    assert dense.complete({"dp": 2})["all2all_backend"] == "allgather_reducescatter"

@@ -1,0 +1,351 @@
+"""``llmsim bench``: ``vllm bench serve``'s command line, answered by the simulator.
+
+The same flags as vLLM's serving benchmark (``--model``, ``--dataset-name``,
+``--random-input-len``, ``--num-prompts``, ``--max-concurrency``, ``--request-rate``, ...)
+plus the engine flags of ``vllm serve`` (``--tensor-parallel-size``, ``--quantization``,
+``--kv-cache-dtype``, ...) and ours (``--hardware``, ``--latency-provider``). A cluster is
+built from the flags (the hardware catalogue entry and the model spec), the workload from
+the dataset flags, and the same engine as ``llmsim run`` simulates them. The result table
+and the ``--save-result`` JSON use vLLM's labels and keys.
+
+Workload semantics, as vLLM's benchmark client sends requests:
+- ``--request-rate inf`` sends every prompt at once; with ``--max-concurrency N`` only N
+  are in flight and the next is sent when one finishes (a closed loop of N clients);
+- a finite rate draws Poisson arrivals (gamma with ``--burstiness``);
+- ``random`` lengths are uniform in [floor(L(1-r)), ceil(L(1+r))] for L the requested
+  length and r ``--random-range-ratio``; ``sharegpt``/``custom`` read token lengths
+  from a JSONL file (``input_toks``/``output_toks``: the project's workload format or a
+  real run's ``requests.jsonl``), as we have no tokenizer to count a raw ShareGPT JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.request import Request
+from sim.workload import Workload, load_jsonl
+
+DATASETS = ("random", "sharegpt", "custom")
+METRIC_LABELS = {"ttft": ("Time to First Token", "TTFT"),
+                 "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
+                 "itl": ("Inter-token Latency", "ITL"),
+                 "e2el": ("End-to-end Latency", "E2EL")}
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's ``bench serve`` flags (workload and result), ``serve`` flags (engine), ours."""
+    g = p.add_argument_group("benchmark (as vllm bench serve)")
+    g.add_argument("--model", required=True, help="catalogue name/alias or a HF config.json")
+    g.add_argument("--dataset-name", default="random", choices=DATASETS)
+    g.add_argument("--dataset-path", default=None,
+                   help="JSONL with input_toks/output_toks per line (sharegpt, custom)")
+    g.add_argument("--num-prompts", type=int, default=1000)
+    g.add_argument("--random-input-len", type=int, default=1024)
+    g.add_argument("--random-output-len", type=int, default=128)
+    g.add_argument("--random-range-ratio", type=float, default=0.0)
+    g.add_argument("--request-rate", default="inf", help="requests/s (Poisson) or inf")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the inter-arrival times (1 = Poisson)")
+    g.add_argument("--max-concurrency", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    g.add_argument("--metric-percentiles", default="99")
+    g.add_argument("--save-result", action="store_true")
+    g.add_argument("--result-dir", default=None)
+    g.add_argument("--result-filename", default=None)
+    g.add_argument("--label", default=None)
+    e = p.add_argument_group("engine (as vllm serve)")
+    e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    e.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    e.add_argument("--enable-expert-parallel", action="store_true")
+    e.add_argument("--quantization", "-q", default=None)
+    e.add_argument("--kv-cache-dtype", default="auto")
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    s = p.add_argument_group("simulator")
+    s.add_argument("--hardware", required=True, help="hardware catalogue entry, e.g. H100-SXM")
+    s.add_argument("--latency-provider", default="auto")
+    s.add_argument("--profiles", action="append", default=[])
+    s.add_argument("--use-trace-timestamps", action="store_true",
+                   help="custom/sharegpt: replay the file's arrival_time_ns (as llmsim run) "
+                        "instead of --request-rate")
+
+
+# ---------------------------------------------------------------------- cluster
+def bench_cluster(args) -> dict:
+    """The cluster mapping ``vllm serve`` with these flags runs on: ``dp`` instances of
+    ``tp x pp`` GPUs of the catalogue's hardware in one node; with expert parallelism the
+    experts shard over tp x dp ranks (vLLM's EP size) and the DP ranks step together."""
+    from sim.hardware import load_hardware
+
+    hw = load_hardware(args.hardware, source="--hardware")
+    tp, pp, dp = args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size
+    for flag, v in (("--tensor-parallel-size", tp), ("--pipeline-parallel-size", pp),
+                    ("--data-parallel-size", dp)):
+        if v < 1:
+            raise InputError(f"{flag} must be >= 1, got {v}")
+    from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
+    if args.quantization not in (None, *QUANTIZATIONS):
+        raise InputError(f"--quantization {args.quantization!r} is not modelled; allowed: "
+                         f"{', '.join(QUANTIZATIONS)} (default: the checkpoint's)")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not modelled; allowed: "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    util = args.gpu_memory_utilization
+    if not 0 < util <= 1:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    inst: dict[str, Any] = {
+        "model_name": args.model, "hardware": hw.name,
+        "npu_mem": {"mem_size": hw.mem_size_GiB, "mem_bw": hw.mem_bw_GBps, "mem_latency": 0,
+                    "mem_util": util},
+        "num_npus": tp * pp, "tp_size": tp, "pp_size": pp,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "block_size": args.block_size, "enable_prefix_caching": args.enable_prefix_caching,
+        "enable_chunked_prefill": args.enable_chunked_prefill,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
+    if args.quantization is not None:
+        inst["quantization"] = args.quantization
+    from sim.model import load_model
+    if args.enable_expert_parallel and load_model(args.model, source="--model").is_moe:
+        # vLLM ignores the flag for a dense model
+        inst["ep_size"] = tp * dp
+        if dp > 1:
+            inst["dp_group"] = "dp"
+    instances = [dict(inst) for _ in range(dp)]
+    return {"num_nodes": 1, "link_bw": hw.link_bw_GBps, "link_latency": hw.link_latency_ns,
+            "nodes": [{"num_instances": dp, "instances": instances}]}
+
+
+# ---------------------------------------------------------------------- workload
+def _request_rate(raw: str) -> float:
+    try:
+        rate = float(raw)
+    except ValueError:
+        raise InputError(f"--request-rate must be a number or inf, got {raw!r}") from None
+    if not rate > 0:
+        raise InputError(f"--request-rate must be > 0 (or inf), got {raw!r}")
+    return rate
+
+
+def _file_requests(args, n: int) -> list[Request]:
+    """The first ``n`` requests of the dataset file, token ids kept (prefix caching sees
+    the same prompts the real benchmark sends)."""
+    if not args.dataset_path:
+        raise InputError(f"--dataset-name {args.dataset_name} needs --dataset-path (a JSONL of "
+                         "input_toks/output_toks)")
+    heads = load_jsonl(args.dataset_path, limit=n).requests
+    if any(r.next_sub is not None for r in heads):
+        raise InputError("multi-turn sessions are not a vllm bench serve dataset; give flat "
+                         "requests", source=args.dataset_path)
+    if len(heads) < n:
+        raise InputError(f"--num-prompts {n} but the file has {len(heads)} requests",
+                         source=args.dataset_path)
+    return heads
+
+
+def _random_requests(args, rng: np.random.Generator, n: int) -> list[Request]:
+    r = args.random_range_ratio
+    if not 0 <= r < 1:
+        raise InputError(f"--random-range-ratio must be in [0, 1), got {r}")
+    lens = []
+    for flag, length in (("--random-input-len", args.random_input_len),
+                         ("--random-output-len", args.random_output_len)):
+        if length < 1:
+            raise InputError(f"{flag} must be >= 1, got {length}")
+        lo, hi = max(1, math.floor(length * (1 - r))), math.ceil(length * (1 + r))
+        lens.append(rng.integers(lo, hi + 1, size=n))
+    return [Request(i, 0, int(lens[0][i]), int(lens[1][i])) for i in range(n)]
+
+
+def bench_workload(args) -> Workload:
+    """The requests ``vllm bench serve`` sends for these flags."""
+    n = args.num_prompts
+    if n < 1:
+        raise InputError(f"--num-prompts must be >= 1, got {n}")
+    rate = _request_rate(args.request_rate)
+    conc = args.max_concurrency
+    if conc is not None and conc < 1:
+        raise InputError(f"--max-concurrency must be >= 1, got {conc}")
+    rng = np.random.default_rng(args.seed)
+    from_file = args.dataset_name != "random"
+    reqs = _file_requests(args, n) if from_file else _random_requests(args, rng, n)
+    if args.use_trace_timestamps:
+        if not from_file:
+            raise InputError("--use-trace-timestamps needs --dataset-name custom or sharegpt")
+    elif math.isinf(rate):
+        for q in reqs:
+            q.arrival_ns = 0
+    else:
+        if conc is not None:
+            raise InputError("--max-concurrency with a finite --request-rate is not modelled "
+                             "yet: use --request-rate inf (closed loop) or drop "
+                             "--max-concurrency (open loop)")
+        if args.burstiness <= 0:
+            raise InputError(f"--burstiness must be > 0, got {args.burstiness}")
+        gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
+        for q, t in zip(reqs, np.cumsum(gaps) - gaps[0]):
+            q.arrival_ns = int(t * 1e9)
+    closed = conc if (conc is not None and math.isinf(rate) and not args.use_trace_timestamps) \
+        else 0
+    return Workload(reqs, source=f"bench({args.dataset_name}, seed={args.seed})",
+                    closed_loop_clients=closed)
+
+
+# ---------------------------------------------------------------------- results
+def _percentiles(raw: str) -> list[float]:
+    try:
+        ps = [float(p) for p in raw.split(",") if p.strip()]
+    except ValueError:
+        raise InputError(f"--metric-percentiles must be numbers like 50,90,99, got {raw!r}") \
+            from None
+    if not ps or any(not 0 < p <= 100 for p in ps):
+        raise InputError(f"--metric-percentiles must be in (0, 100], got {raw!r}")
+    return ps
+
+
+def _pword(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def bench_metrics(result, args) -> dict:
+    """vLLM's result keys from a simulated run (times in ms, throughputs per second)."""
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in METRIC_LABELS]
+    if bad:
+        raise InputError(f"--percentile-metrics: unknown {bad}; allowed: "
+                         f"{', '.join(METRIC_LABELS)}")
+    pcts = _percentiles(args.metric_percentiles)
+    done = [r for r in result.requests if r.finish_ns >= 0]
+    start = min((r.arrival_ns for r in result.requests), default=0)
+    end = max((r.last_token_ns for r in done), default=start)
+    duration = max(1e-9, (end - start) / 1e9)
+    per_req = {
+        "ttft": [(r.first_token_ns - r.arrival_ns) / 1e6 for r in done],
+        "tpot": [(r.last_token_ns - r.first_token_ns) / 1e6 / (r.num_output - 1)
+                 for r in done if r.num_output > 1],
+        "e2el": [(r.last_token_ns - r.arrival_ns) / 1e6 for r in done],
+    }
+    total_in = sum(r.input_len for r in done)
+    total_out = sum(r.num_output for r in done)
+    out: dict[str, Any] = {
+        "duration": duration, "completed": len(done), "failed": len(result.requests) - len(done),
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "input_lens": [r.input_len for r in done], "output_lens": [r.num_output for r in done],
+        "ttfts": [v / 1e3 for v in per_req["ttft"]],
+    }
+    itl = result.summary.get("itl_ms") or {}
+    for m in metrics:
+        if m == "itl":
+            out["mean_itl_ms"] = itl.get("mean")
+            out["median_itl_ms"] = itl.get("p50")
+            out["std_itl_ms"] = None   # the engine keeps ITL quantiles, not the samples
+            for p in pcts:
+                key = f"p{_pword(p)}"
+                if key not in itl:
+                    raise InputError(f"--metric-percentiles {_pword(p)}: ITL is kept at the "
+                                     f"{', '.join(k[1:] for k in itl if k.startswith('p'))} "
+                                     "percentiles only")
+                out[f"p{_pword(p)}_itl_ms"] = itl[key]
+            continue
+        a = np.asarray(per_req[m] or [0.0])
+        out[f"mean_{m}_ms"] = float(a.mean())
+        out[f"median_{m}_ms"] = float(np.median(a))
+        out[f"std_{m}_ms"] = float(a.std())
+        for p in pcts:
+            out[f"p{_pword(p)}_{m}_ms"] = float(np.percentile(a, p))
+    return out
+
+
+def result_table(res: dict, args, metrics: list[str], pcts: list[float]) -> str:
+    """vLLM's printed ``Serving Benchmark Result`` block."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
+             "{:<40} {:<10}".format("Successful requests:", res["completed"])]
+    if args.max_concurrency is not None:
+        lines.append("{:<40} {:<10}".format("Maximum request concurrency:", args.max_concurrency))
+    rows = (("Benchmark duration (s):", res["duration"]),
+            ("Total input tokens:", res["total_input_tokens"]),
+            ("Total generated tokens:", res["total_output_tokens"]),
+            ("Request throughput (req/s):", res["request_throughput"]),
+            ("Output token throughput (tok/s):", res["output_throughput"]),
+            ("Total Token throughput (tok/s):", res["total_token_throughput"]))
+    for label, v in rows:
+        fmt = "{:<40} {:<10}" if isinstance(v, int) else "{:<40} {:<10.2f}"
+        lines.append(fmt.format(label, v))
+    for m in metrics:
+        title, short = METRIC_LABELS[m]
+        lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        lines.append("{:<40} {:<10.2f}".format(f"Mean {short} (ms):", res[f"mean_{m}_ms"]))
+        lines.append("{:<40} {:<10.2f}".format(f"Median {short} (ms):", res[f"median_{m}_ms"]))
+        for p in pcts:
+            w = _pword(p)
+            lines.append("{:<40} {:<10.2f}".format(f"P{w} {short} (ms):", res[f"p{w}_{m}_ms"]))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def run_bench(args) -> tuple[dict, str]:
+    """Simulate the benchmark: (the saved JSON's mapping, the printed table)."""
+    import sim
+    from sim.cluster import parse_cluster
+    from sim.latency.base import provider_names
+    from sim.options import SimOptions
+
+    if args.latency_provider not in provider_names():
+        raise InputError(f"--latency-provider: unknown {args.latency_provider!r}; allowed: "
+                         f"{', '.join(provider_names())}")
+    cluster = parse_cluster(bench_cluster(args), source="llmsim bench flags")
+    workload = bench_workload(args)
+    opts = SimOptions(seed=args.seed, latency_provider=args.latency_provider,
+                      profiles_dirs=tuple(args.profiles))
+    result = sim.simulate(cluster, workload, opts)
+    res = bench_metrics(result, args)
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    table = result_table(res, args, metrics, _percentiles(args.metric_percentiles))
+    rate = _request_rate(args.request_rate)
+    s = result.summary
+    head = {
+        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "llmsim", "backend": "llmsim", "label": args.label,
+        "model_id": args.model, "tokenizer_id": args.model, "num_prompts": args.num_prompts,
+        "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+    }
+    extra = {"simulator": {k: s.get(k) for k in ("latency_provider", "latency_source",
+                                                  "latency_note", "precision", "kv_blocks",
+                                                  "wall_s")}}
+    return {**head, **res, **extra}, table
+
+
+def bench_main(args) -> int:
+    res, table = run_bench(args)
+    print(table)
+    note = res["simulator"].get("latency_note") or {}
+    src = res["simulator"].get("latency_source") or {}
+    print(f"latency: {res['simulator']['latency_provider']} "
+          f"({'; '.join(sorted(set(src.values())))})"
+          + (f" | {'; '.join(sorted(set(note.values())))}" if note else ""))
+    if args.save_result:
+        name = args.result_filename or (
+            f"llmsim-{args.request_rate}qps-{Path(args.model).name}-{res['date']}.json")
+        path = Path(args.result_dir or ".") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0

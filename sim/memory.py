@@ -1,0 +1,204 @@
+"""Device memory and KV-cache capacity, accounted the way vLLM 0.19 accounts it.
+
+vLLM (``Worker.determine_available_memory``) gives the KV cache what is left of the
+*requested* memory once the model has run a profiling step:
+
+    requested   = total device memory (as CUDA reports it) x gpu_memory_utilization
+    KV memory   = requested - (weights + peak activation of the profile run + non-torch memory)
+    num_blocks  = KV memory // (bytes of one block across the worker's attention layers)
+
+per worker (one TP/PP shard); the engine keeps the smallest count across workers. The
+profile run is one forward pass over ``max_num_batched_tokens`` tokens spread over
+``min(max_num_seqs, max_num_batched_tokens)`` dummy requests, followed on the last
+pipeline stage by a dummy sampler run over one row of logits per request with top-k and
+top-p switched on. CUDA-graph memory is not subtracted (vLLM 0.19 only estimates it when
+``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``, off by default), nor is memory other
+processes hold (the budget is a fraction of the device total, not of the free memory).
+
+Everything here follows from the model's dimensions and the engine limits; no quantity
+is fitted to a particular run. Sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cluster import GiB, InstanceConfig
+from sim.errors import InputError
+from sim.model import ModelSpec
+
+MiB = 1 << 20
+
+# Bytes per logit held at the peak of vLLM's PyTorch top-k/top-p sampler (the dummy
+# sampler run sets both), beyond the logits in the model dtype: the float32 copy (4),
+# the sorted values (4) and their int64 indices (8), the top-k mask (1), softmax of the
+# sorted values (4) and its cumulative sum (4), the top-p mask (1), and the scattered-back
+# result (4). All are alive together when the scatter runs.
+SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
+
+# Memory a worker holds outside PyTorch's allocator once it has run a forward pass:
+# cuBLAS/cuBLASLt workspaces and the kernel images loaded on first use. vLLM logs it as
+# "non-torch memory"; its reports on H100 show 0.13 GiB for single-GPU workers of several
+# models (Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b).
+NON_TORCH_BASE_BYTES = int(0.13 * GiB)
+# A worker in a multi-GPU group also holds NCCL's channel buffers and vLLM's custom
+# all-reduce IPC buffers: the same reports show 0.55 GiB for a TP2 worker.
+NON_TORCH_COMM_BYTES = int(0.42 * GiB)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One worker's memory accounting and the KV blocks it leaves (vLLM's numbers)."""
+
+    total_bytes: int
+    mem_util: float
+    requested_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    kv_bytes: int
+    #: bytes of one KV block across the worker's layers
+    block_bytes: int
+    block_size: int
+    num_blocks: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def max_concurrency(self, max_model_len: int) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request": KV tokens / N."""
+        return self.kv_tokens / max_model_len if max_model_len > 0 else 0.0
+
+    def as_dict(self, max_model_len: int = 0) -> dict:
+        d = {k: getattr(self, k) for k in (
+            "total_bytes", "mem_util", "requested_bytes", "weight_bytes", "activation_bytes",
+            "non_torch_bytes", "kv_bytes", "block_bytes", "block_size", "num_blocks")}
+        d["kv_tokens"] = self.kv_tokens
+        if max_model_len > 0:
+            d["max_model_len"] = max_model_len
+            d["max_concurrency"] = round(self.max_concurrency(max_model_len), 2)
+        return d
+
+    def log_lines(self, max_model_len: int = 0) -> list[str]:
+        """The lines vLLM logs at start-up, with this worker's numbers."""
+        lines = [
+            f"Model loading took {self.weight_bytes / GiB:.2f} GiB",
+            f"Available KV cache memory: {self.kv_bytes / GiB:.2f} GiB "
+            f"(requested {self.requested_bytes / GiB:.2f} GiB = {self.total_bytes / GiB:.2f} GiB"
+            f" x {self.mem_util}; peak activation {self.activation_bytes / GiB:.2f} GiB, "
+            f"non-torch {self.non_torch_bytes / GiB:.2f} GiB)",
+            f"GPU KV cache size: {self.kv_tokens:,} tokens",
+        ]
+        if max_model_len > 0:
+            lines.append(f"Maximum concurrency for {max_model_len:,} tokens per request: "
+                         f"{self.max_concurrency(max_model_len):.2f}x")
+        return lines
+
+
+def device_total_bytes(inst: InstanceConfig) -> int:
+    """The device's total memory as CUDA reports it: the cluster's mem_size (GiB) scaled by
+    the share of nominal memory the hardware profile says CUDA exposes."""
+    from sim.hardware import load_hardware
+
+    fraction = 1.0
+    try:
+        fraction = load_hardware(inst.hardware).mem_visible_fraction
+    except InputError:
+        pass  # a device outside the catalogue: its nominal size
+    return int(inst.npu_mem.mem_size_gib * GiB * fraction)
+
+
+def weight_bytes(model: ModelSpec, tp: int, pp: int, ep: int) -> int:
+    """Bytes vLLM's loader reports for one worker: the parameters plus the rotary cos/sin
+    table (one per model, max_position_embeddings x head_dim in the model dtype)."""
+    rotary = model.max_position_embeddings * model.head_dim * model.dtype_bytes
+    return model.weight_bytes(tp, pp, ep) + rotary
+
+
+def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, ep: int) -> int:
+    """Peak activation memory of one forward pass over ``tokens`` tokens on one worker:
+    residual and hidden states plus the largest block-internal intermediates (the MLP's
+    gate/up output and its activation, or the fused-MoE kernel's three caches)."""
+    dt = model.dtype_bytes
+    h = model.hidden_size
+    states = 2 * tokens * h * dt
+    qkv = tokens * (model.q_size + 2 * model.kv_size) // tp * dt
+    if model.is_moe:
+        # Expert parallelism gathers the tokens of the EP group before the experts run.
+        moe_tokens = tokens * max(1, ep // tp)
+        k, inter = model.num_experts_per_tok, model.moe_intermediate_size
+        caches = moe_tokens * k * (2 * inter + inter + h) * dt
+        router = moe_tokens * model.num_experts * 4
+        mlp = caches + router
+    else:
+        mlp = tokens * 3 * model.intermediate_size // tp * dt
+    return states + max(qkv, mlp)
+
+
+def sampler_peak_bytes(model: ModelSpec, num_reqs: int) -> int:
+    """Peak memory of the dummy sampler run: logits for ``num_reqs`` rows over the whole
+    vocabulary (gathered on every TP rank) and the top-k/top-p temporaries."""
+    return num_reqs * model.vocab_size * (model.dtype_bytes + SAMPLER_BYTES_PER_LOGIT)
+
+
+def profile_tokens(max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, int]:
+    """(tokens, requests) of vLLM's profile run. A budget of 0 (LLMServingSim's decode
+    instances: no token budget) runs at most one token per sequence."""
+    tokens = max_num_batched_tokens if max_num_batched_tokens > 0 else max_num_seqs
+    return tokens, min(max_num_seqs, tokens)
+
+
+def activation_peak_bytes(model: ModelSpec, tp: int, ep: int, max_num_batched_tokens: int,
+                          max_num_seqs: int) -> int:
+    """The profile run's peak activation on the last pipeline stage (the binding one): the
+    forward pass, or the sampler run while the forward pass's hidden states are still held."""
+    tokens, reqs = profile_tokens(max_num_batched_tokens, max_num_seqs)
+    hidden = tokens * model.hidden_size * model.dtype_bytes
+    return max(forward_peak_bytes(model, tokens, tp, ep),
+               hidden + sampler_peak_bytes(model, reqs))
+
+
+def non_torch_bytes(inst: InstanceConfig) -> int:
+    grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1
+    return NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if grouped else 0)
+
+
+def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
+                  max_num_batched_tokens: int, max_num_seqs: int) -> MemoryBudget:
+    """vLLM's memory accounting for one worker of ``inst``; raises InputError (naming the
+    instance and the shortfall) when no KV block fits."""
+    total = device_total_bytes(inst)
+    util = inst.npu_mem.mem_util
+    requested = int(total * util)
+    weights = weight_bytes(model, inst.tp_size, inst.pp_size, inst.ep_size)
+    act = activation_peak_bytes(model, inst.tp_size, inst.ep_size, max_num_batched_tokens,
+                                max_num_seqs)
+    other = non_torch_bytes(inst)
+    kv = requested - weights - act - other
+    block = model.kv_bytes_per_token(inst.tp_size, inst.pp_size) * block_size
+    where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
+    if weights >= requested:
+        raise InputError(
+            f"{where}: {model.precision} weights need {weights / GiB:.2f} GiB per NPU but only "
+            f"{requested / GiB:.2f} GiB is requested (npu_mem.mem_size={inst.npu_mem.mem_size_gib}"
+            f" GiB, {total / GiB:.2f} GiB as CUDA reports it, x mem_util={util}); raise "
+            "tp_size/pp_size or use a larger device")
+    blocks = max(0, kv) // block
+    if blocks < 2:
+        raise InputError(
+            f"{where}: no room for KV cache: requested {requested / GiB:.2f} GiB - weights "
+            f"{weights / GiB:.2f} - peak activation {act / GiB:.2f} (max_num_batched_tokens="
+            f"{max_num_batched_tokens}, max_num_seqs={max_num_seqs}) - non-torch "
+            f"{other / GiB:.2f} leaves {kv / GiB:.3f} GiB; raise npu_mem.mem_util or tp_size, "
+            "or lower max_num_batched_tokens/max_num_seqs")
+    if inst.num_gpu_blocks_override:
+        blocks = inst.num_gpu_blocks_override  # as vLLM: logged, memory left as profiled
+    return MemoryBudget(total, util, requested, weights, act, other, kv, block, block_size,
+                        int(blocks))
+
+
+def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int,
+                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256) -> int:
+    """KV blocks per worker of ``inst`` as vLLM 0.19 derives them."""
+    return memory_budget(inst, model, block_size, max_num_batched_tokens, max_num_seqs).num_blocks

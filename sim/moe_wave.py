@@ -1,0 +1,291 @@
+"""One lockstep step of an MoE model served with data-parallel attention and expert
+parallelism, as vLLM 0.19 executes it.
+
+vLLM runs every DP rank as its own engine core with its own scheduler. While any rank has
+work, all of them step together (a "wave"): a rank with nothing scheduled runs a dummy
+batch so that it joins the collectives of the MoE layers. Before each forward the ranks
+agree on their token counts (``coordinate_batch_across_dp``: one small all-reduce done on
+the host under async scheduling); when every rank runs a CUDA graph (its token count is
+at most ``max_cudagraph_capture_size``) all of them pad to the largest capture size among
+them, otherwise each runs its own count.
+
+Inside the forward every decoder layer is: the rank's own attention and dense layers on
+its tokens, then the MoE layer, whose exchange depends on ``all2all_backend``:
+
+- ``allgather_reducescatter`` (vLLM 0.19's default): before the experts an all-gather over
+  the DP group of every rank's hidden states and router logits, after them a
+  reduce-scatter of the expert outputs of all the gathered tokens;
+- ``naive``: each DP rank in turn broadcasts its hidden states and router logits, and
+  the outputs are combined by an all-reduce of all the gathered tokens;
+- ``deepep_high_throughput`` / ``deepep_low_latency``: an all-to-all that sends each
+  token only to the EP ranks owning one of its top-k experts (dispatch), and the same
+  volume back (combine).
+
+Each EP rank runs only its own experts (``expert_placement_strategy: linear``: rank r owns
+the contiguous range r * E/ep ... (r+1) * E/ep - 1), on the token-expert assignments the
+gate policy gives it. A collective waits for its slowest participant, so each layer takes
+the slowest rank's attention/dense part, the exchange, and the slowest EP rank's experts.
+
+With one DP rank (a single instance whose TP ranks are its EP ranks) there is no exchange:
+every TP rank holds all tokens, runs its experts, and the TP all-reduce after the MoE
+layer (part of the instance's iteration graph) combines them.
+
+The collectives are timed by the system backend on the DP group's network (one rank per
+member; memoised by size, as decode steps repeat them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+
+from astrasim import GraphBuilder
+
+from sim.latency.base import BatchShape
+from sim.options import ALL2ALL_BACKENDS
+
+#: vLLM 0.19's default (its resolved config: parallel_config.all2all_backend)
+DEFAULT_ALL2ALL_BACKEND = ALL2ALL_BACKENDS[0]
+
+#: the step an idle DP rank runs (vLLM's execute_dummy_batch: one token, no sampling)
+DUMMY_SHAPE = BatchShape(num_tokens=1, num_seqs=1, num_decode=1, decode_kv_sum=1,
+                         decode_kv_max=1, decode_kv_min=1)
+
+
+def default_max_cudagraph_capture_size(max_num_seqs: int) -> int:
+    """vLLM 0.19's default largest CUDA-graph batch: min(2 * max_num_seqs, 512)."""
+    return min(2 * max_num_seqs, 512)
+
+
+def cudagraph_size(tokens: int, max_size: int) -> int | None:
+    """The capture size a ``tokens``-token batch is padded to, or None when it runs without
+    a CUDA graph. vLLM 0.19's default capture sizes are 1, 2, 4, then multiples of 8 below
+    256 and of 16 from 256 up to ``max_size``."""
+    if tokens > max_size or max_size < 1:
+        return None
+    for size in (1, 2, 4):
+        if tokens <= size:
+            return min(size, max_size)
+    step = 8 if tokens < 256 else 16
+    return min(-(-tokens // step) * step, max_size)
+
+
+def dp_padded_tokens(tokens: list[int], max_capture: int) -> list[int]:
+    """Tokens each DP rank runs after vLLM's DP padding: with every rank in CUDA-graph mode
+    all pad to the largest capture size among them; with any rank in eager mode
+    (synchronised mode NONE) each runs its own count."""
+    sizes = [cudagraph_size(t, max_capture) for t in tokens]
+    if any(s is None for s in sizes):
+        return list(tokens)
+    top = max(sizes)
+    return [top] * len(tokens)
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One DP rank's share of a wave (ns, whole step)."""
+
+    attention_ns: int
+    #: the other non-MoE compute: embedding, norms, projections, lm_head, sampler, and the
+    #: rank's TP all-reduces
+    dense_ns: int
+    #: its EP ranks' expert compute (the slowest of its TP ranks)
+    moe_ns: int
+    #: the MoE exchange (dispatch + combine) of every layer
+    comm_ns: int
+    #: waiting for slower ranks at the layers' collectives
+    wait_ns: int
+    tokens: int
+    real: bool
+
+
+@dataclass(frozen=True)
+class WaveStep:
+    wave_ns: int
+    ranks: tuple[RankStep, ...]
+
+
+def _rank_parts(backend, inst, shape: BatchShape, real: bool) -> tuple[int, int, int, int, int]:
+    """(prologue, one block without its MoE layer, head, attention per block, TP
+    communication per block) of one DP rank. The head (lm_head, sampler) is skipped for a
+    dummy batch, which samples nothing."""
+    lt = inst.provider.layer_times(shape)
+    layers = lt.num_blocks
+    moe_full = sum(ns for name, ns in lt.block if name == "moe")
+    tp_comm = 0
+    if inst.tp > 1 or inst.pp > 1:
+        # the rank's own communication (TP all-reduces, stage hops) from its iteration graph
+        tp_comm = max(0, backend.iteration_ns(inst, shape) - lt.total_ns()) // max(1, layers)
+    block = sum(ns for _, ns in lt.block) - moe_full + tp_comm
+    attn = sum(ns for name, ns in lt.block if name == "attention")
+    head = sum(ns for _, ns in lt.head) if real else 0
+    return sum(ns for _, ns in lt.prologue), block, head, attn, tp_comm
+
+
+def ranks_hit_fraction(num_experts: int, top_k: int, ep: int) -> float:
+    """Probability that a token's top-k experts include at least one of a given EP rank's
+    E/ep experts (k distinct experts drawn uniformly)."""
+    local = num_experts // ep
+    return 1.0 - comb(num_experts - local, top_k) / comb(num_experts, top_k)
+
+
+class MoEWave:
+    """Times lockstep steps of expert-parallel domains (see the module docstring)."""
+
+    def __init__(self, backend, link) -> None:
+        self.backend = backend
+        #: link(a, b) -> (GB/s, ns) between two instances' configs
+        self.link = link
+        self._exchange: dict[tuple, int] = {}
+        #: when a list, every wave's WaveStep is appended (for breakdown reports)
+        self.record: list | None = None
+
+    def step_ns(self, members: list, shapes: list[BatchShape | None], gate) -> int:
+        return self.step(members, shapes, gate).wave_ns
+
+    def step(self, members: list, shapes: list[BatchShape | None], gate) -> WaveStep:
+        """``members`` are the DP ranks (instances); ``shapes[i]`` is rank i's batch or
+        None when it has nothing scheduled (it runs a dummy batch)."""
+        lead = members[0]
+        model, opts = lead.model, lead.opts
+        real = [s is not None for s in shapes]
+        own = [s if s is not None else DUMMY_SHAPE for s in shapes]
+        dp = len(members)
+        if dp > 1:
+            cap = opts.max_cudagraph_capture_size
+            if cap is None:
+                cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
+            padded = dp_padded_tokens([s.num_tokens for s in own], cap)
+            own = [BatchShape(p, *_fields(s)[1:]) for s, p in zip(own, padded)]
+        parts = [_rank_parts(self.backend, m, s, r) for m, s, r in zip(members, own, real)]
+        layers = model.num_hidden_layers
+        total = sum(s.num_tokens for s in own)
+        experts = self._expert_ns(lead, total if dp > 1 else own[0].num_tokens, gate)
+        mine_moe = _member_share(experts, dp)
+        exch = self._exchange_ns(members, [s.num_tokens for s in own]) if dp > 1 else 0
+        # every layer: the slowest rank's attention/dense part, the exchange, the slowest
+        # EP rank's experts (the collectives wait for the last to arrive)
+        wave = (max(p[0] for p in parts)
+                + layers * (max(p[1] for p in parts) + exch + max(experts))
+                + max(p[2] for p in parts))
+        ranks = []
+        for (pro, blk, head, attn, _), s, r, moe in zip(parts, own, real, mine_moe):
+            busy_dense = pro + layers * (blk - attn) + head
+            mine = busy_dense + layers * (attn + moe + exch)
+            ranks.append(RankStep(layers * attn, busy_dense, layers * moe, layers * exch,
+                                  wave - mine, s.num_tokens, r))
+        out = WaveStep(int(wave), tuple(ranks))
+        if self.record is not None:
+            self.record.append(out)
+        return out
+
+    def _expert_ns(self, inst, tokens: int, gate) -> list[int]:
+        """Each EP rank's expert compute for ``tokens`` tokens entering the layer: the gate
+        spreads tokens * top_k assignments over the ep ranks; a rank's time is the
+        profile's at the tokens that give its assignments and its activated experts."""
+        model = inst.model
+        k = model.num_experts_per_tok
+        prov = inst.provider
+        return [prov.moe_ns(-(-assignments // k), max(1, active)) if assignments else 0
+                for assignments, active in gate.assign(tokens, model.num_experts, k,
+                                                       inst.config.ep_size)]
+
+    def _exchange_ns(self, members: list, tokens: list[int]) -> int:
+        """Dispatch + combine of one MoE layer over the DP group, timed by the backend."""
+        lead = members[0]
+        model = lead.model
+        kind = lead.opts.all2all_backend
+        dp = len(members)
+        width = model.dtype_bytes
+        hidden = model.hidden_size * width
+        logits = model.num_experts * width
+        bw, lat = self.link(members[0].config, members[-1].config)
+        if kind == "allgather_reducescatter":
+            # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
+            # (sizes are the whole gathered buffer; unequal shares cost the largest one)
+            key = (kind, dp, max(tokens), hidden, logits, bw, lat)
+        elif kind == "naive":
+            key = (kind, dp, tuple(tokens), hidden, logits, bw, lat)
+        else:
+            frac = ranks_hit_fraction(model.num_experts, model.num_experts_per_tok,
+                                      lead.config.ep_size)
+            key = (kind, dp, max(tokens), int(hidden * frac), 0, bw, lat)
+        t = self._exchange.get(key)
+        if t is None:
+            network = {"topology": ["FullyConnected"], "npus_count": [dp], "bandwidth": [bw],
+                       "latency": [lat]}
+            graphs = exchange_graphs(kind, dp, tokens, hidden, logits, key[3])
+            t = self._exchange[key] = self.backend.run_graphs(network, graphs,
+                                                              name="moe_exchange")
+        return t
+
+
+def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
+    """Each DP member's expert time: the slowest of the EP ranks it hosts (EP rank r lives
+    on member r * dp // ep; with fewer EP ranks than members, members share one)."""
+    ep = len(per_ep_rank)
+    out = [0] * dp
+    for r, t in enumerate(per_ep_rank):
+        m = r * dp // ep
+        out[m] = max(out[m], t)
+    for m in range(dp):
+        if not out[m]:
+            out[m] = per_ep_rank[m * ep // dp]
+    return out
+
+
+def _fields(s: BatchShape) -> tuple:
+    return (s.num_tokens, s.num_seqs, s.prefill_tokens, s.prefill_kv, s.num_decode,
+            s.decode_kv_sum, s.decode_kv_max, s.decode_kv_min)
+
+
+def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,
+                    a2a_row: int) -> dict:
+    """Per-rank graphs of one MoE layer's dispatch and combine (sizes in bytes; ``hidden``
+    and ``logits`` are one token's hidden state and router logits, ``a2a_row`` one token's
+    hidden state times the chance it goes to a given rank)."""
+    graphs = {}
+    if kind == "allgather_reducescatter":
+        # ASTRA-Sim reads an all-gather's size as each NPU's contribution (the padded
+        # largest share) and a reduce-scatter's as the whole input buffer
+        gathered = dp * max(tokens)
+        for r in range(dp):
+            b = GraphBuilder(r)
+            d = b.all_gather(max(tokens) * (hidden + logits), involved_dim=[True],
+                             name="moe_dispatch_all_gather")
+            b.reduce_scatter(gathered * hidden, involved_dim=[True], deps=[d],
+                             name="moe_combine_reduce_scatter")
+            graphs[r] = b.build()
+        return graphs
+    if kind == "naive":
+        # every rank broadcasts its share in turn (root -> each peer), then an all-reduce
+        builders = [GraphBuilder(r) for r in range(dp)]
+        last: list[list[int]] = [[] for _ in range(dp)]
+        tag = 0
+        for root in range(dp):
+            size = tokens[root] * (hidden + logits)
+            for peer in range(dp):
+                if peer == root:
+                    continue
+                tag += 1
+                s = builders[root].send(peer, size, tag=tag, deps=last[root],
+                                        name="moe_dispatch_broadcast")
+                rcv = builders[peer].recv(root, size, tag=tag, deps=last[peer],
+                                          name="moe_dispatch_broadcast")
+                last[peer] = [rcv]
+                last[root] = [s]
+        for r, b in enumerate(builders):
+            b.all_reduce(sum(tokens) * hidden, involved_dim=[True], deps=last[r],
+                         name="moe_combine_all_reduce")
+            graphs[r] = b.build()
+        return graphs
+    # DeepEP: an all-to-all of each token's hidden state to the ranks that own its experts
+    # (the buffer per rank is dp shares of tokens * a2a_row bytes), and back
+    for r in range(dp):
+        b = GraphBuilder(r)
+        d = b.all_to_all(dp * max(tokens) * a2a_row, involved_dim=[True],
+                         name="moe_dispatch_all_to_all")
+        b.all_to_all(dp * max(tokens) * a2a_row, involved_dim=[True], deps=[d],
+                     name="moe_combine_all_to_all")
+        graphs[r] = b.build()
+    return graphs

@@ -1,0 +1,140 @@
+"""KV capacity as vLLM 0.19 derives it (sim/memory.py): gpu_memory_utilization is a share
+of the device total, from which the weights, the profile run's activation peak and the
+non-torch memory are taken before the blocks are counted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import sim
+from sim.errors import InputError
+from sim.memory import (activation_peak_bytes, device_total_bytes, kv_capacity_blocks,
+                        memory_budget)
+from sim.model import load_model
+from tests.conftest import flat_workload, make_cluster, opts_for
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+
+
+def _instance(hardware="RTX4090", mem_size=24, util=0.9, model=LLAMA, **kw):
+    c = sim.parse_cluster({"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
+        "model_name": model, "hardware": hardware, "num_npus": kw.get("tp_size", 1),
+        "npu_mem": {"mem_size": mem_size, "mem_bw": 1008, "mem_latency": 0, "mem_util": util},
+        **kw}]}]})
+    return c.instances[0]
+
+
+def test_rtx4090_llama_8b_matches_vllm_block_count():
+    """The real run (vLLM 0.19, gpu_memory_utilization 0.9, max_num_batched_tokens 2048,
+    max_num_seqs 256) logged 2,588 blocks of 16 tokens on a card CUDA reports as
+    25,250,627,584 bytes. The old rule (mem_size x util - weights) gave ~3,400."""
+    inst = _instance()
+    assert device_total_bytes(inst) == 25_250_627_584
+    blocks = kv_capacity_blocks(inst, load_model(LLAMA), 16, 2048, 256)
+    assert blocks == pytest.approx(2588, rel=0.01)
+
+
+def test_rtx4090_budget_parts_match_vllm_log_lines():
+    b = memory_budget(_instance(), load_model(LLAMA), 16, 2048, 256)
+    lines = b.log_lines(32768)
+    # vLLM logs "Model loading took 14.99 GiB" for Llama-3.1-8B (parameters + rotary table).
+    assert lines[0] == "Model loading took 14.99 GiB"
+    assert f"GPU KV cache size: {b.num_blocks * 16:,} tokens" in lines
+    assert lines[-1].startswith("Maximum concurrency for 32,768 tokens per request: 1.2")
+    assert b.requested_bytes == int(25_250_627_584 * 0.9)
+    assert b.kv_bytes == b.requested_bytes - b.weight_bytes - b.activation_bytes - b.non_torch_bytes
+
+
+def test_activation_peak_grows_with_token_budget_and_sequences():
+    """The profile run's peak follows max_num_batched_tokens (forward pass) and
+    max_num_seqs (one row of logits per dummy request in the sampler run)."""
+    m = load_model(LLAMA)
+    inst = _instance(hardware="H100-SXM", mem_size=80)
+    by_tokens = [kv_capacity_blocks(inst, m, 16, n, 256) for n in (2048, 8192, 32768)]
+    assert by_tokens[0] >= by_tokens[1] > by_tokens[2]
+    by_seqs = [kv_capacity_blocks(inst, m, 16, 8192, s) for s in (64, 256, 1024)]
+    assert by_seqs[0] > by_seqs[1] > by_seqs[2]
+    # the sampler run: R x vocab logits, R = min(max_num_seqs, max_num_batched_tokens)
+    assert activation_peak_bytes(m, 1, 1, 128, 1024) == activation_peak_bytes(m, 1, 1, 128, 128)
+
+
+def test_mem_util_means_share_of_device_total():
+    m = load_model(LLAMA)
+    lo = memory_budget(_instance(util=0.85), m, 16, 2048, 256)
+    hi = memory_budget(_instance(util=0.9), m, 16, 2048, 256)
+    # 5% more of the device is 5% of its total more KV memory; nothing else moves.
+    assert hi.kv_bytes - lo.kv_bytes == pytest.approx(0.05 * 25_250_627_584, abs=2)
+    assert hi.activation_bytes == lo.activation_bytes
+
+
+def test_tensor_parallel_worker_holds_comm_buffers_and_a_shard():
+    m = load_model(LLAMA)
+    one = memory_budget(_instance(hardware="H100-SXM", mem_size=80), m, 16, 2048, 256)
+    two = memory_budget(_instance(hardware="H100-SXM", mem_size=80, tp_size=2), m, 16, 2048, 256)
+    assert two.non_torch_bytes > one.non_torch_bytes
+    assert two.weight_bytes < one.weight_bytes
+    assert two.block_bytes * 2 == one.block_bytes  # half the KV heads per worker
+
+
+def test_no_room_names_the_activation_and_the_limits():
+    inst = _instance(util=0.67)  # 15.8 GiB requested: the weights fit, the profile run not
+    with pytest.raises(InputError, match="peak activation .*max_num_batched_tokens=2048"):
+        memory_budget(inst, load_model(LLAMA), 16, 2048, 256)
+
+
+def test_num_gpu_blocks_override_is_honoured():
+    inst = _instance(num_gpu_blocks_override=1000)
+    assert kv_capacity_blocks(inst, load_model(LLAMA), 16) == 1000
+    with pytest.raises(InputError, match="num_gpu_blocks_override"):
+        _instance(num_gpu_blocks_override=0)
+
+
+def test_summary_reports_kv_cache_as_vllm_logs_it(bundle_root):
+    r = sim.simulate(make_cluster(300), flat_workload([(0, 40, 3)]), opts_for(bundle_root))
+    kv = r.summary["kv_cache"]["0"]
+    assert kv["num_blocks"] == r.summary["kv_blocks"]["0"] == 300
+    assert kv["kv_tokens"] == 300 * 16
+    assert kv["max_concurrency"] == round(300 * 16 / kv["max_model_len"], 2)
+
+
+def test_validation_cluster_derives_vllm_blocks_at_the_runs_utilisation():
+    """The shared RTX 4090 validation cluster replayed at the real run's 0.9 (not a
+    calibrated mem_util) gives vLLM's block count."""
+    from sim.paths import shared_data_root
+    path = shared_data_root() / "validation/RTX4090-Llama-3.1-8B/cluster.json"
+    if not path.exists():
+        pytest.skip(f"shared validation data not available: {path} is missing")
+    inst = sim.load_cluster(path).with_mem_util(0.9).instances[0]
+    assert inst.npu_mem.mem_util == 0.9
+    inst = replace(inst, num_gpu_blocks_override=None)
+    assert kv_capacity_blocks(inst, load_model(LLAMA), 16, 2048, 256) == pytest.approx(
+        2588, rel=0.01)
+
+
+def test_cli_gpu_memory_utilization_replaces_the_cluster_files_mem_util(tmp_path):
+    """`llmsim run --gpu-memory-utilization 0.9` on the validation cluster (whose file carries
+    a calibrated 0.833919) derives vLLM's block count; out-of-range values exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from sim.paths import shared_data_root
+    root = shared_data_root()
+    cluster = root / "validation/RTX4090-Llama-3.1-8B/cluster.json"
+    if not cluster.exists():
+        pytest.skip(f"shared validation data not available: {cluster} is missing")
+    base = [sys.executable, "-m", "sim", "run", "--cluster", str(cluster), "--dataset",
+            str(root / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl"), "--num-reqs", "5",
+            "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]
+    out = tmp_path / "r.csv"
+    proc = subprocess.run(base + ["--gpu-memory-utilization", "0.9", "--output", str(out)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert abs(summary["kv_blocks"]["0"] - 2588) / 2588 < 0.01
+    bad = subprocess.run(base + ["--gpu-memory-utilization", "1.5", "--output", str(out)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "--gpu-memory-utilization" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,144 @@
+"""sim/topology.py: the one description of an instance's network."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from astrasim import CollectiveCommType as CT
+from astrasim import GraphBuilder
+
+import sim
+from sim.backend import AstraInprocBackend
+from sim.topology import ASTRA_GBPS, check_links, instance_topology, link_between
+
+
+def _cluster(hw="H100-SXM", tp=8, nodes=1, mem_bw=3350, **top):
+    inst = {"model_name": "meta-llama/Llama-3.1-8B", "hardware": hw,
+            "npu_mem": {"mem_size": 80, "mem_bw": mem_bw, "mem_latency": 0},
+            "num_npus": tp, "tp_size": tp}
+    return sim.parse_cluster({"num_nodes": nodes, "nodes": [
+        {"num_instances": 1, "instances": [dict(inst)]} for _ in range(nodes)], **top})
+
+
+def _all_reduce_ns(topo, size):
+    b = GraphBuilder()
+    b.coll(CT.ALL_REDUCE, size, involved_dim=[True] + [False] * (len(topo.dims) - 1))
+    g = b.build()
+    return AstraInprocBackend().run_graphs(topo, {i: g.copy_for(i) for i in range(topo.npus)})
+
+
+def test_h100_instance_is_an_nvswitch_with_per_direction_links():
+    c = _cluster()
+    topo = instance_topology(c, c.instances[0])
+    net, system = topo.network(), topo.system()
+    assert net["topology"] == ["Switch"] and net["npus_count"] == [8]
+    assert net["bandwidth"] == [pytest.approx(450 * ASTRA_GBPS)]
+    assert net["latency"] == [300]
+    assert system["local-mem-bw"] == 3350           # the NPU's memory bandwidth
+    assert system["all-reduce-implementation"] == ["ring"]
+
+
+def test_cluster_links_override_the_catalogue_and_pick_the_inter_node_entry():
+    c = _cluster(nodes=2, link_bw=[400, 25], link_latency=[500, 5000])
+    a, b = c.instances
+    assert instance_topology(c, a).network()["bandwidth"] == [pytest.approx(400 * ASTRA_GBPS)]
+    link = link_between(c, a, b)
+    assert (link.topology, link.bw_GBps, link.latency_ns) == ("Switch", 25, 5000)
+    # without cluster links, between nodes: the catalogue's scale-out NIC (InfiniBand NDR)
+    c2 = _cluster(nodes=2)
+    link2 = link_between(c2, *c2.instances)
+    assert (link2.kind, link2.bw_GBps, link2.latency_ns) == ("IB-NDR", 50, 1350)
+
+
+def test_local_mem_bw_is_the_npus_memory_bandwidth():
+    slow = _cluster(tp=2, mem_bw=800)
+    fast = _cluster(tp=2, mem_bw=3350)
+    t_slow = _all_reduce_ns(instance_topology(slow, slow.instances[0]), 64 << 20)
+    t_fast = _all_reduce_ns(instance_topology(fast, fast.instances[0]), 64 << 20)
+    assert t_slow > t_fast
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_bus_bandwidth_never_exceeds_the_per_gpu_link(tp):
+    c = _cluster(tp=tp)
+    topo = instance_topology(c, c.instances[0])
+    size = 1 << 30
+    t = _all_reduce_ns(topo, size)
+    busbw = size / t * 2 * (tp - 1) / tp   # bytes/ns = GB/s
+    assert busbw <= 450
+
+
+def test_bidirectional_looking_link_and_zero_latency_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="sim.topology"):
+        assert "bidirectional" in check_links(_cluster(link_bw=900, link_latency=500))[0]
+        assert "latency 0" in check_links(_cluster(link_bw=450, link_latency=0))[0]
+        assert "direct on a switch" in check_links(_cluster(collective_algorithm="direct"))[0]
+    assert len(caplog.records) == 3
+    assert check_links(_cluster(link_bw=450, link_latency=300)) == []
+    assert check_links(_cluster()) == []
+
+
+def test_the_cli_prints_the_link_warning_and_still_runs(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cluster = {"num_nodes": 1, "link_bw": 900, "link_latency": 0, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": 2, "tp_size": 2}]}]}
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 64, "output_toks": 4,
+                                                  "arrival_time_ns": 0}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
+                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
+                        "--output", str(tmp_path / "out.csv")],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "bidirectional" in p.stderr and "latency 0" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_collective_algorithm_from_the_cluster_file():
+    c = _cluster(tp=4, collective_algorithm="halvingDoubling")
+    assert instance_topology(c, c.instances[0]).system()["all-reduce-implementation"] == \
+        ["halvingDoubling"]
+    bad = _cluster(tp=4, collective_algorithm="butterfly")
+    with pytest.raises(sim.InputError, match="collective_algorithm.*known: ring"):
+        instance_topology(bad, bad.instances[0])
+
+
+def test_unknown_hardware_needs_the_cluster_links():
+    c = _cluster(hw="MYCHIP", link_bw=100, link_latency=200)
+    link = instance_topology(c, c.instances[0]).dims[0].link
+    assert (link.topology, link.bw_GBps, link.latency_ns) == ("Ring", 100, 200)
+    bare = _cluster(hw="MYCHIP")
+    with pytest.raises(sim.InputError, match="link_bw.*MYCHIP"):
+        instance_topology(bare, bare.instances[0])
+
+
+@pytest.mark.parametrize("top,fragment", [
+    ({"collective_algorithm": "butterfly"}, "collective_algorithm': unknown algorithm 'butterfly'"),
+    ({"link_bw": [1, 2, 3]}, "field 'link_bw' must be"),
+])
+def test_bad_network_fields_exit_2_with_one_line(tmp_path, top, fragment):
+    import json
+    import subprocess
+    import sys
+
+    cluster = {"num_nodes": 1, **top, "nodes": [{"num_instances": 1, "instances": [{
+        "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+        "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+        "num_npus": 2, "tp_size": 2}]}]}
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 8, "output_toks": 2,
+                                                  "arrival_time_ns": 0}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
+                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
+                        "--output", str(tmp_path / "o.csv")],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2
+    assert fragment in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
