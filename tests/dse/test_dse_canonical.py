@@ -99,4 +99,4 @@ def test_canonical_params_give_the_same_cluster_and_simulated_result(dense):
         ra = evaluate(dense, {"number": 0, "cluster": a.cluster, "options": a.options})
         rb = evaluate(dense, {"number": 0, "cluster": b.cluster, "options": b.options})
         for k in ("ttft_ms", "tpot_ms"):
-            assert ra["summary"][k] == rb["summary"][k], (params, k)
+            assert ra.summary[k] == rb.summary[k], (params, k)
