@@ -196,14 +196,6 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
     return None
 
 
-def config_key(params: dict) -> str:
-    """The identity of a configuration: two trials with the same key are the same
-    simulation. ``params`` should be completed (``space.complete``) first. The one place
-    that decides when parameter sets repeat (point it at a canonical form to also merge
-    configurations that differ only in knobs without effect)."""
-    return json.dumps(params, sort_keys=True, default=str)
-
-
 def check_space_cluster(space: Space) -> None:
     """Refuse, at load, cluster settings sim would refuse in every trial (a space's
     ``cluster:`` block builds every trial's cluster): one probe cluster, parsed by sim."""

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from dse import metrics as M
-from dse.config import config_key, make_trial_config, precheck
+from dse.canonical import config_key
+from dse.config import make_trial_config, precheck
 from dse.space import Space, load_space
 from dse.store import (
     JOURNAL,
@@ -289,7 +290,7 @@ class Driver:
         """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial);
         then answer the repeats that waited for this configuration."""
         self._tell(study, trial, cfg, outcome)
-        key = config_key(cfg.params)
+        key = config_key(self.space, cfg.params)
         self._evaluating.pop(key, None)
         if outcome.state == "COMPLETE":
             self._known.setdefault(key, outcome)
@@ -410,7 +411,7 @@ class Driver:
         for t in first:
             out = Outcome(t.number, t.params, list(t.values), dict(t.constraints or {}),
                           attrs=dict(t.user_attrs))
-            self._known.setdefault(config_key(self.space.complete(dict(t.params))), out)
+            self._known.setdefault(config_key(self.space, t.params), out)
             if t.user_attrs.get("feasible"):
                 self._update_best(out)
 
@@ -489,7 +490,7 @@ class Driver:
         trial = study.ask()
         params = self.space.suggest(trial)
         cfg = make_trial_config(self.space, trial.number, params)
-        key = config_key(cfg.params)
+        key = config_key(self.space, cfg.params)
         if key in self._known or key in self._evaluating:
             self._repeats_in_a_row += 1
             if not submit:
@@ -524,7 +525,7 @@ class Driver:
             prog.update()
         for trial, cfg, outcome in sorted(asked, key=lambda x: x[0].number):
             if outcome == "repeat":  # its first evaluation is earlier in this order
-                key = config_key(cfg.params)
+                key = config_key(self.space, cfg.params)
                 self._answer_repeat(study, trial, cfg,
                                     self._known.get(key) or self._failed[key])
                 continue
@@ -556,8 +557,9 @@ class Driver:
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
-    """How many distinct configurations a finite space holds (None when infinite or more
-    than ``limit``): a search cannot evaluate more than that many."""
+    """How many distinct configurations a finite space holds, knobs without effect
+    normalised away (None when infinite or more than ``limit``): a search cannot evaluate
+    more than that many."""
     n = 1
     for dom in space.knobs.values():
         vals = dom.finite_values()
@@ -566,7 +568,7 @@ def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
         n *= max(1, len(vals))
         if n > limit:
             return None
-    return space.grid_size()
+    return len({config_key(space, params) for params in space.grid()})
 
 
 def _source_text(src: Any) -> str:
