@@ -10,7 +10,9 @@ and the ``--save-result`` JSON use vLLM's labels and keys.
 
 Workload semantics, as vLLM's benchmark client sends requests:
 - ``--request-rate inf`` sends every prompt at once; with ``--max-concurrency N`` only N
-  are in flight and the next is sent when one finishes (a closed loop of N clients);
+  are in flight and the next is sent when one finishes (a closed loop of N clients); with a
+  finite rate and ``--max-concurrency`` a request goes out at its Poisson time or when a
+  slot frees, whichever is later;
 - a finite rate draws Poisson arrivals (gamma with ``--burstiness``);
 - ``random`` lengths are uniform in [floor(L(1-r)), ceil(L(1+r))] for L the requested
   length and r ``--random-range-ratio``; ``sharegpt``/``custom`` read token lengths
@@ -190,19 +192,18 @@ def bench_workload(args) -> Workload:
         for q in reqs:
             q.arrival_ns = 0
     else:
-        if conc is not None:
-            raise InputError("--max-concurrency with a finite --request-rate is not modelled "
-                             "yet: use --request-rate inf (closed loop) or drop "
-                             "--max-concurrency (open loop)")
         if args.burstiness <= 0:
             raise InputError(f"--burstiness must be > 0, got {args.burstiness}")
         gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
         for q, t in zip(reqs, np.cumsum(gaps) - gaps[0]):
             q.arrival_ns = int(t * 1e9)
-    closed = conc if (conc is not None and math.isinf(rate) and not args.use_trace_timestamps) \
-        else 0
+    # --max-concurrency caps the requests in flight: with an infinite rate a closed loop of N
+    # clients; with a rate or trace timestamps, each request goes out at its own time or when
+    # one of the N slots frees, whichever is later (vLLM's benchmark semaphore)
+    closed = conc or 0
+    paced = bool(closed) and (args.use_trace_timestamps or not math.isinf(rate))
     return Workload(reqs, source=f"bench({args.dataset_name}, seed={args.seed})",
-                    closed_loop_clients=closed)
+                    closed_loop_clients=closed, paced=paced)
 
 
 # ---------------------------------------------------------------------- results

@@ -475,12 +475,13 @@ class Simulator:
         # Pending arrivals: a heap of (arrival_ns, rid, request).
         pending: list[tuple[int, int, Request]] = []
         clients = workload.closed_loop_clients
+        paced = workload.paced  # a freed client sends the next request at its own time
         backlog: list[Request] = []
         if clients > 0:
             backlog = list(reversed(heads))
             for c in range(min(clients, len(backlog))):
                 r = backlog.pop()
-                r.arrival_ns = 0
+                r.arrival_ns = r.arrival_ns if paced else 0
                 r.client_id = c
                 heapq.heappush(pending, (0, r.rid, r))
         else:
@@ -533,7 +534,8 @@ class Simulator:
                     r = r.next_sub
                 if clients > 0 and backlog:
                     nxt = backlog.pop()
-                    nxt.arrival_ns = req.arrival_ns
+                    nxt.arrival_ns = (nxt.arrival_ns if paced and nxt.arrival_ns > req.arrival_ns
+                                      else req.arrival_ns)
                     nxt.client_id = req.client_id
                     heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
                 return
@@ -581,9 +583,9 @@ class Simulator:
                             heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
                         if clients > 0 and backlog:
                             r = backlog.pop()
-                            r.arrival_ns = end
+                            r.arrival_ns = r.arrival_ns if paced and r.arrival_ns > end else end
                             r.client_id = req.client_id
-                            heapq.heappush(pending, (end, r.rid, r))
+                            heapq.heappush(pending, (r.arrival_ns, r.rid, r))
                     if progress is not None and finished:
                         progress.update(len(all_reqs) - remaining, now)
                     if sch.handoffs:

@@ -27,11 +27,14 @@ from sim.request import Request
 class Workload:
     """The requests to replay. ``requests`` holds first-turn requests only; later session
     turns hang off ``Request.next_sub``. ``closed_loop_clients`` > 0 means arrivals are
-    ignored: N clients each send their next request when the previous one finishes."""
+    ignored: N clients each send their next request when the previous one finishes. With
+    ``paced`` as well, a request is sent at its own arrival time or when a client frees,
+    whichever is later (``vllm bench serve --request-rate R --max-concurrency N``)."""
 
     requests: list[Request]
     source: str = "<workload>"
     closed_loop_clients: int = 0
+    paced: bool = False
 
     def all_requests(self) -> list[Request]:
         out = []

@@ -95,11 +95,38 @@ def test_max_concurrency_caps_requests_in_flight():
     assert peak == 4 and res.summary["num_finished"] == 24
 
 
+def test_rate_with_max_concurrency_paces_and_caps():
+    """A finite --request-rate with --max-concurrency: each request goes out at its Poisson
+    time or when one of the slots frees, whichever is later (vLLM's semaphore), so at most N
+    are in flight and none leaves before its own time."""
+    cluster = sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM", "num_npus": 1,
+            "tp_size": 1, "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0}}]}]})
+    args = _args(max_concurrency=2, num_prompts=30, random_output_len=200, request_rate="50")
+    poisson = [r.arrival_ns for r in bench_workload(_args(num_prompts=30, random_output_len=200,
+                                                          request_rate="50")).requests]
+    w = bench_workload(args)
+    assert w.paced and w.closed_loop_clients == 2
+    res = sim.simulate(cluster, w, sim.SimOptions(latency_provider="roofline"))
+    by_id = sorted(res.requests, key=lambda r: r.rid)
+    sent = [r.arrival_ns for r in by_id]
+    assert all(s >= p for s, p in zip(sent, poisson))
+    assert any(s > p for s, p in zip(sent, poisson))  # 50 req/s outruns 2 slots of 200 tokens
+    assert sent[:2] == poisson[:2]
+    events = sorted([(r.arrival_ns, 1) for r in by_id] + [(r.finish_ns, -1) for r in by_id])
+    live = peak = 0
+    for _, d in events:
+        live += d
+        peak = max(peak, live)
+    assert peak <= 2 and res.summary["num_finished"] == 30
+
+
 def test_bench_bad_input_exits_2(capsys):
     base = ["bench", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "H100-SXM",
             "--num-prompts", "4", "--latency-provider", "roofline"]
     for extra, needle in ((["--request-rate", "fast"], "--request-rate"),
-                          (["--request-rate", "2", "--max-concurrency", "2"], "--max-concurrency"),
+                          (["--request-rate", "2", "--max-concurrency", "0"], "--max-concurrency"),
                           (["--dataset-name", "sharegpt"], "--dataset-path"),
                           (["--hardware", "NoGPU"], "NoGPU"),
                           (["--latency-provider", "magic"], "magic"),
