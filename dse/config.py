@@ -8,7 +8,6 @@ configuration as the equivalent ``vllm serve`` command line.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from typing import Any

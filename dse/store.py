@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.paths import writable_dir
 
 JOURNAL = "study.journal"
 STUDY_JSON = "study.json"
@@ -40,17 +41,7 @@ TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "m
 # ---------------------------------------------------------------- the folder
 def check_out_dir(out: Path, flag: str = "--out") -> Path:
     """Create the output folder (or refuse, naming why) before anything else runs."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{flag} {str(out)!r} is a file; give a folder for the study")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-probe-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(f"{flag} {str(out)!r}: cannot write there "
-                         f"({exc.strerror or exc})") from None
-    return out
+    return writable_dir(out, flag, " for the study")
 
 
 def read_meta(out: Path) -> dict:

@@ -16,11 +16,11 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
+from sim.paths import writable_dir
 from sim.options import ALL2ALL_BACKENDS
 
 
@@ -111,22 +111,6 @@ def check_output_file(path: str | Path, flag: str) -> Path:
             from None
     if not existed:
         p.unlink(missing_ok=True)
-    return p
-
-
-def check_output_dir(path: str | Path, flag: str) -> Path:
-    """Refuse a folder that exists as a file or cannot be created or written; returns it."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise InputError(f"{flag} {str(p)!r} is a file; give a folder")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write-probe-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
-            from None
     return p
 
 
@@ -336,7 +320,7 @@ def _astra_config(args) -> int:
     import sim
     from sim.config_builder import build_layout, write_layout
 
-    check_output_dir(args.out, "--out")
+    writable_dir(args.out, "--out")
     cluster = sim.load_cluster(args.cluster)
     layout = build_layout(cluster, collective_impl=args.collective)
     paths = dict(write_layout(layout, args.out))

@@ -16,3 +16,22 @@ def profiles_root() -> Path:
 def shared_data_root() -> Path:
     """``../shared/data`` beside the checkout (override with LLMSIM_SHARED_DATA)."""
     return Path(os.environ.get("LLMSIM_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def writable_dir(path: str | Path, flag: str, purpose: str = "") -> Path:
+    """Create folder ``path`` or refuse, naming ``flag``: it exists as a file, or it cannot
+    be created or written (checked by writing, as permission bits say little to root)."""
+    from sim.errors import InputError
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {str(p)!r} is a file; give a folder{purpose}")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
+            from None
+    return p
