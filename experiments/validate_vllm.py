@@ -9,7 +9,10 @@ percentiles).
 A validation folder holds cluster.json and vllm/{meta.json,requests.jsonl}. meta.json names
 the dataset (relative to ../shared/data) and the engine's batching limits, which are
 replayed as they were. Measured TTFT = first_token_ts - queued_ts, TPOT = (last -
-first) / (output - 1), E2E = last_token_ts - queued_ts.
+first) / (output - 1), E2E = last_token_ts - queued_ts. queued_ts is when the engine core
+took the request from its input queue (between two steps, or at once when idle), so the
+simulated TTFT and E2E compared with them count from the same event (the summary's
+engine_ttft_ms / engine_latency_ms), not from the client's arrival.
 """
 
 from __future__ import annotations
