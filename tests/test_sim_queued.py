@@ -57,3 +57,20 @@ def test_requests_are_queued_when_the_engine_reads_its_input(monkeypatch):
             assert s["engine_latency_ms"]["mean"] < s["latency_ms"]["mean"]
             wait = sum(r.queued_ns - r.arrival_ns for r in reqs) / len(reqs) / 1e6
             assert abs(s["ttft_ms"]["mean"] - s["engine_ttft_ms"]["mean"] - wait) < 1e-6
+
+
+def test_real_dp2_ep2_run_low_load_ttft_counts_from_queued_ts():
+    # vLLM's requests.jsonl gives TTFT as first_token_ts - queued_ts; at low load the median
+    # request waits ~half a step for the engine to read it, which the real figure leaves
+    # out. Counted from arrival the simulated p50 was +27.7%; from QUEUED it is within 10%.
+    import pytest
+
+    from experiments.validate_vllm import measured_stats, simulate_validation
+    from sim.paths import shared_data_root
+
+    folder = shared_data_root() / "validation" / "RTXPRO6000-Qwen3-30B-A3B-DP2-EP2"
+    if not (folder / "vllm" / "requests.jsonl").is_file():
+        pytest.skip(f"shared validation data not available: {folder}")
+    real = measured_stats(folder / "vllm" / "requests.jsonl")
+    simulated, _ = simulate_validation(folder)
+    assert simulated["ttft"]["p50"] == pytest.approx(real["ttft"]["p50"], rel=0.10)
