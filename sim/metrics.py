@@ -150,6 +150,12 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
     tpot = [(r.last_token_ns - r.first_token_ns) / (r.num_output - 1) for r in done
             if r.num_output > 1]
     lat = [r.last_token_ns - r.arrival_ns for r in done]
+    # From the QUEUED event instead of arrival: what vLLM's per-request timestamps
+    # (queued_ts, first_token_ts, last_token_ts) give, without the wait for the engine
+    # to read its input between steps.
+    queued = [r.queued_ns if r.queued_ns >= 0 else r.arrival_ns for r in done]
+    engine_ttft = [r.first_token_ns - q for r, q in zip(done, queued)]
+    engine_lat = [r.last_token_ns - q for r, q in zip(done, queued)]
     start = min((r.arrival_ns for r in requests), default=0)
     span_s = max(1e-9, (sim_end_ns - start) / 1e9)
     prompt = sum(r.input_len for r in done)
@@ -175,6 +181,8 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
         "tpot_ms": stats_ms(tpot),
         "itl_ms": stats_ms(itl_ns),
         "latency_ms": stats_ms(lat),
+        "engine_ttft_ms": stats_ms(engine_ttft),
+        "engine_latency_ms": stats_ms(engine_lat),
         "preemptions": preemptions,
         "prefix_hit_tokens": hit_tokens,
         "prefix_hit_ratio": hit_tokens / queried_tokens if queried_tokens else 0.0,

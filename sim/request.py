@@ -19,7 +19,7 @@ class Request:
         "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
         # runtime state
         "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
-        "prefix_hit", "preemptions", "first_scheduled_ns", "first_token_ns", "last_token_ns",
+        "prefix_hit", "preemptions", "queued_ns", "first_scheduled_ns", "first_token_ns", "last_token_ns",
         "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
         "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
         "handoff_blocks", "kv_transfer_tokens",
@@ -47,6 +47,9 @@ class Request:
         self.block_ids: list[int] = []
         self.prefix_hit = 0
         self.preemptions = 0
+        #: when its engine took it into the scheduler (vLLM's QUEUED event: the engine
+        #: core reads new requests between steps, or at once when idle)
+        self.queued_ns = -1
         self.first_scheduled_ns = -1
         self.first_token_ns = -1
         self.last_token_ns = -1

@@ -119,11 +119,15 @@ class Scheduler:
         self.admitted_transfers: list[Request] = []
         #: decode role: requests holding blocks while their KV is transferred in
         self.receiving: list[Request] = []
+        #: requests added since the engine last read its input (stamped QUEUED then)
+        self.unread: list[Request] = []
 
     def add_request(self, req: Request) -> None:
         req.instance_id = self.instance_id
         req.status = WAITING
         self.waiting.append(req)
+        if req.queued_ns < 0:
+            self.unread.append(req)
 
     @property
     def is_idle(self) -> bool:
@@ -313,6 +317,12 @@ class Scheduler:
         return True
 
     def schedule(self, now: int) -> Batch | None:
+        if self.unread:
+            # vLLM's engine core reads its input queue right before it schedules (between
+            # steps, or at once when idle): that is when a request is QUEUED.
+            for r in self.unread:
+                r.queued_ns = now
+            self.unread.clear()
         reqs: list[Request] = []
         news: list[int] = []
         if self.preempted_last:
