@@ -47,6 +47,20 @@ def _stats(a: np.ndarray) -> dict[str, float]:
 
 
 def simulate_validation(folder: Path, latency_provider: str = "measured") -> tuple[dict, dict]:
+    result, meta = run_validation(folder, latency_provider)
+    kv = meta.get("kv_cache", {})
+    s = result.summary
+    simulated = {"ttft": s["ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["latency_ms"]}
+    info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
+            "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
+            "provider": s["latency_provider"]}
+    return simulated, info
+
+
+def run_validation(folder: Path, latency_provider: str = "measured",
+                   async_scheduling: bool | None = None):
+    """Replay one validation folder; returns (the simulator's RunResult, meta.json).
+    ``async_scheduling`` None follows the run's resolved config (else the version's default)."""
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
     kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
@@ -61,17 +75,12 @@ def simulate_validation(folder: Path, latency_provider: str = "measured") -> tup
                           block_size=kv.get("block_size", 16),
                           enable_prefix_caching=kv.get("enable_prefix_caching", True),
                           vllm_version=meta.get("vllm_version", "0.19.0"),
-                          async_scheduling=meta.get("resolved_config", {}).get(
+                          async_scheduling=async_scheduling if async_scheduling is not None
+                          else meta.get("resolved_config", {}).get(
                               "scheduler_config", {}).get("async_scheduling"),
                           latency_provider=latency_provider, **_resolved_moe_options(meta))
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
-    result = sim.simulate(cluster, workload, opts)
-    s = result.summary
-    simulated = {"ttft": s["ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["latency_ms"]}
-    info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
-            "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
-            "provider": s["latency_provider"]}
-    return simulated, info
+    return sim.simulate(cluster, workload, opts), meta
 
 
 def _blocks(per_instance: dict) -> str:
