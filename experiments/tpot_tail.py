@@ -15,7 +15,9 @@ script prints, for each statistic:
   how finely 300 requests pin that statistic down at all;
 
 and the per-request error grouped by how many times the simulator preempted the request.
-With --sync-too it repeats everything with async scheduling off.
+With --sync-too it repeats everything with async scheduling off. --blocks-sweep K also
+replays with the KV block count vLLM logged -K..+K (every other statistic's error, one
+line per count): how much a capacity error of a few blocks moves each statistic.
 """
 
 from __future__ import annotations
@@ -107,7 +109,12 @@ def main(argv=None) -> int:
     ap.add_argument("--latency-provider", default="measured")
     ap.add_argument("--sync-too", action="store_true",
                     help="repeat with async scheduling off")
+    ap.add_argument("--blocks-sweep", type=int, default=0, metavar="K",
+                    help="also replay with vLLM's logged block count -K..+K")
     args = ap.parse_args(argv)
+    if args.blocks_sweep < 0:
+        print(f"--blocks-sweep must be >= 0, got {args.blocks_sweep}", file=sys.stderr)
+        return 2
     jsonl = args.folder / "vllm" / "requests.jsonl"
     if not jsonl.is_file():
         print(f"{jsonl}: not found (a validation folder holds vllm/requests.jsonl)",
@@ -122,7 +129,29 @@ def main(argv=None) -> int:
                   f"{len(result.requests)}", file=sys.stderr)
             return 2
         _report(f"{args.folder.name} ({label})", meas, result, args.metric)
+        if args.blocks_sweep:
+            _sweep(args, meas, meta, async_sched)
     return 0
+
+
+def _sweep(args, meas: dict, meta: dict, async_sched: bool | None) -> None:
+    logged = meta.get("kv_cache", {}).get("num_gpu_blocks")
+    if not logged:
+        print("(no kv_cache.num_gpu_blocks in meta.json: no block sweep)")
+        return
+    print(f"\nKV blocks (vLLM logged {logged}): error % of mean/p50/p90/p99")
+    print(f"{'blocks':>7s}{'preempt':>8s}  " + "  ".join(f"{m:^27s}" for m in METRICS))
+    for nb in range(logged - args.blocks_sweep, logged + args.blocks_sweep + 1):
+        result, _ = run_validation(args.folder, args.latency_provider, async_sched,
+                                   kv_blocks=nb)
+        simd = simulated_per_request(result.requests)
+        cells = []
+        for m in METRICS:
+            a, b = meas[m], simd[m]
+            errs = [100 * (b.mean() / a.mean() - 1)] + [
+                100 * (np.percentile(b, q) / np.percentile(a, q) - 1) for q in QUANTILES]
+            cells.append(" ".join(f"{e:+6.2f}" for e in errs))
+        print(f"{nb:7d}{result.summary['preemptions']:8d}  " + "  ".join(cells))
 
 
 if __name__ == "__main__":

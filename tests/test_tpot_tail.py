@@ -1,8 +1,13 @@
 """experiments/tpot_tail.py: the rank view and bootstrap interval of a validation statistic."""
 
+import json
+import shutil
+
 import numpy as np
+import pytest
 
 from experiments.tpot_tail import bootstrap_interval, resolution_table, share_above
+from sim.paths import shared_data_root
 
 
 def test_share_above_counts_strictly_greater():
@@ -32,3 +37,25 @@ def test_resolution_table_reports_a_two_request_rank_shift():
     assert expected == 10
     assert round((above - expected) * len(meas) / 100) == 2
     assert row[50][3] == 0.0
+
+
+VALID = shared_data_root() / "validation" / "RTX4090-Llama-3.1-8B"
+
+
+@pytest.mark.skipif(not (VALID / "vllm" / "meta.json").is_file(), reason="no validation data")
+def test_validation_replays_the_runs_block_count_and_max_model_len_on_request(tmp_path):
+    from experiments.validate_vllm import run_validation
+
+    meta = json.loads((VALID / "vllm" / "meta.json").read_text())
+    meta["num_requests"] = 20  # a short replay of the same run's settings
+    folder = tmp_path / VALID.name
+    (folder / "vllm").mkdir(parents=True)
+    shutil.copy(VALID / "cluster.json", folder / "cluster.json")
+    (folder / "vllm" / "meta.json").write_text(json.dumps(meta))
+    logged = meta["kv_cache"]["num_gpu_blocks"]
+    derived, _ = run_validation(folder)
+    replayed, _ = run_validation(folder, kv_blocks_from_run=True)
+    kv_derived = derived.summary["kv_cache"]["0"]
+    assert kv_derived["num_blocks"] != logged  # (2586 derived vs 2588 logged)
+    assert replayed.summary["kv_blocks"] == {"0": logged}
+    assert kv_derived["max_model_len"] == meta["engine_kwargs"]["max_model_len"]
