@@ -49,7 +49,29 @@ def _stats(a: np.ndarray) -> dict[str, float]:
             "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
 
 
-def simulate_validation(folder: Path, latency_provider: str = "measured") -> tuple[dict, dict]:
+def simulate_validation(folder: Path, latency_provider: str = "measured",
+                        kv_blocks_from_run: bool = False) -> tuple[dict, dict]:
+    result, meta = run_validation(folder, latency_provider,
+                                  kv_blocks_from_run=kv_blocks_from_run)
+    kv = meta.get("kv_cache", {})
+    s = result.summary
+    # Like for like: the real TTFT/E2E count from queued_ts (the engine core reading the
+    # request between steps), so the simulated ones count from the same event.
+    simulated = {"ttft": s["engine_ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["engine_latency_ms"]}
+    info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
+            "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
+            "provider": s["latency_provider"]}
+    return simulated, info
+
+
+def run_validation(folder: Path, latency_provider: str = "measured",
+                   async_scheduling: bool | None = None, kv_blocks_from_run: bool = False,
+                   kv_blocks: int | None = None):
+    """Replay one validation folder; returns (the simulator's RunResult, meta.json).
+    ``async_scheduling`` None follows the run's resolved config (else the version's default).
+    ``kv_blocks_from_run`` replays with the KV block count vLLM logged (its
+    num_gpu_blocks_override) instead of the count the simulator derives from memory;
+    ``kv_blocks`` replays with that many."""
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
     kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
@@ -59,24 +81,32 @@ def simulate_validation(folder: Path, latency_provider: str = "measured") -> tup
         # vLLM's own setting, not a value calibrated in cluster.json: the KV capacity
         # follows from it as vLLM derives it (sim/memory.py).
         cluster = cluster.with_mem_util(kv["gpu_memory_utilization"])
+    if kv_blocks_from_run and kv.get("num_gpu_blocks"):
+        # (a run that logged no count is replayed with the derived one)
+        kv_blocks = int(kv["num_gpu_blocks"])
+    if kv_blocks:
+        cluster = _with_blocks(cluster, kv_blocks)
     opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
                           max_num_batched_tokens=kw["max_num_batched_tokens"],
+                          max_model_len=kw.get("max_model_len"),
                           block_size=kv.get("block_size", 16),
                           enable_prefix_caching=kv.get("enable_prefix_caching", True),
                           vllm_version=meta.get("vllm_version", "0.19.0"),
-                          async_scheduling=meta.get("resolved_config", {}).get(
+                          async_scheduling=async_scheduling if async_scheduling is not None
+                          else meta.get("resolved_config", {}).get(
                               "scheduler_config", {}).get("async_scheduling"),
                           latency_provider=latency_provider, **_resolved_moe_options(meta))
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
-    result = sim.simulate(cluster, workload, opts)
-    s = result.summary
-    # Like for like: the real TTFT/E2E count from queued_ts (the engine core reading the
-    # request between steps), so the simulated ones count from the same event.
-    simulated = {"ttft": s["engine_ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["engine_latency_ms"]}
-    info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
-            "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
-            "provider": s["latency_provider"]}
-    return simulated, info
+    return sim.simulate(cluster, workload, opts), meta
+
+
+def _with_blocks(cluster, blocks: int):
+    """``cluster`` with every instance holding ``blocks`` KV blocks (vLLM's
+    num_gpu_blocks_override)."""
+    from dataclasses import replace
+    nodes = tuple(replace(n, instances=tuple(replace(i, num_gpu_blocks_override=blocks)
+                                             for i in n.instances)) for n in cluster.nodes)
+    return replace(cluster, nodes=nodes)
 
 
 def _blocks(per_instance: dict) -> str:
@@ -116,6 +146,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*", type=Path)
     ap.add_argument("--latency-provider", default="measured")
+    ap.add_argument("--kv-blocks-from-run", action="store_true",
+                    help="replay with the KV block count vLLM logged (meta.json "
+                         "kv_cache.num_gpu_blocks) instead of the derived one: checks the "
+                         "scheduling and timing model apart from the memory accounting")
     args = ap.parse_args(argv)
     folders = args.folders or sorted(p for p in (shared_data_root() / "validation").glob("*")
                                      if (p / "vllm" / "meta.json").is_file())
@@ -126,7 +160,8 @@ def main(argv=None) -> int:
     missed = []
     for folder in folders:
         measured = measured_stats(folder / "vllm" / "requests.jsonl")
-        simulated, info = simulate_validation(folder, args.latency_provider)
+        simulated, info = simulate_validation(folder, args.latency_provider,
+                                              args.kv_blocks_from_run)
         print(f"\n{folder.name}  (latency provider: {info['provider']}, sim wall {info['wall_s']:.2f} s, "
               f"KV blocks sim {_blocks(info['kv_blocks_sim'])} vs vLLM {info['kv_blocks_vllm']}"
               f"{_block_error(info)}, "
