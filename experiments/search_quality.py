@@ -259,7 +259,7 @@ def main(argv=None) -> int:
                                a.population if sampler == "nsga2" else None,
                                tag=f"s-{sampler}-{a.population}")
             n = max(1, round(frac * len(rows)))
-            res = [run_one(sp, work / f"run-{sampler}-{n}-{s}", n, s, bf, ref)
+            res = [run_one(sp, work / f"run-{sampler}-{a.population}-{n}-{s}", n, s, bf, ref)
                    for s in a.seeds]
             fr = [r["hv"] / hv_bf for r in res]
             print(f"{sampler:8} {n:8d} {statistics.median(fr):10.3f} {min(fr):9.3f} "
