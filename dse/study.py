@@ -3,8 +3,9 @@
 Optuna ask/tell with storage in a journal file under the output folder, so re-running the
 same command resumes: trials a killed driver left RUNNING are failed and their parameters
 re-enqueued, and only COMPLETE trials count toward ``n_trials``. Configurations that cannot
-work are rejected before simulating (told as COMPLETE with large constraint violations and
-the reason recorded). ``deterministic`` asks a batch, waits for all of it and tells in
+work are rejected before simulating: told as FAIL with ``rejected`` and the reason recorded
+(so the sampler learns nothing from them) and not counted, the sampler draws again; a draw
+of a configuration rejected before is marked ``repeat_of`` its first rejection. ``deterministic`` asks a batch, waits for all of it and tells in
 trial order, so the same seed gives the same trials.
 """
 
@@ -49,6 +50,9 @@ __all__ = ["JOURNAL", "SPACE_COPY", "STUDY_FILES", "STUDY_JSON", "Driver", "Sear
 #: consecutive draws of already-evaluated configurations after which the search stops
 #: (the sampler keeps proposing what it has seen: the space is exhausted for it)
 MAX_REPEATS_IN_A_ROW = 500
+#: consecutive draws rejected before simulating after which the search stops (a space whose
+#: every configuration is rejected, or a sampler stuck where nothing fits, still ends)
+MAX_REJECTED_IN_A_ROW = 500
 
 
 def versions() -> dict[str, str]:
@@ -125,7 +129,8 @@ class Driver:
         self.deterministic = deterministic
         self.n_trials = n_trials or space.search.n_trials
         distinct = _distinct_configurations(space)
-        if distinct is not None:  # repeats are not simulated: at most every configuration
+        if distinct is not None:  # repeats and rejected draws are not counted: at most
+            # every configuration that passes the pre-simulation check
             self.n_trials = min(self.n_trials, distinct)
         self.workers = space.search.workers if workers is None else workers
         self.ray_address = ray_address
@@ -139,6 +144,9 @@ class Driver:
         self.resumed = False
         self.repeats = 0
         self._repeats_in_a_row = 0
+        self._rejected_in_a_row = 0
+        #: config_key -> the first rejected outcome of that configuration
+        self._rejected_keys: dict[str, Outcome] = {}
         #: config_key -> the outcome of its first evaluation (COMPLETE ones)
         self._known: dict[str, Outcome] = {}
         #: config_key -> the outcome of a failed evaluation (such a configuration is drawn
@@ -231,7 +239,7 @@ class Driver:
             return
         grid = self.space.grid()
         order = np.random.default_rng(self.seed).permutation(len(grid))
-        for i in order[: self.n_trials]:
+        for i in order:  # rejected ones do not count: the whole grid, in a random order
             study.enqueue_trial(grid[int(i)])
 
     def _start_pool(self):
@@ -281,9 +289,8 @@ class Driver:
         return out
 
     def _rejected(self, cfg, reason: str, attrs: dict | None = None) -> Outcome:
-        return Outcome(cfg.number, cfg.params, M.told_values(self.space, None),
-                       M.rejected_constraints(self.space),
-                       attrs={**(attrs or {}), "devices_used": cfg.devices_used,
+        return Outcome(cfg.number, cfg.params, None, M.rejected_constraints(self.space),
+                       state="FAIL", attrs={**(attrs or {}), "devices_used": cfg.devices_used,
                               "feasible": False, "rejected": True, "reason": reason})
 
     def _record(self, study, trial, cfg, outcome: Outcome) -> None:
@@ -292,7 +299,9 @@ class Driver:
         self._tell(study, trial, cfg, outcome)
         key = config_key(self.space, cfg.params)
         self._evaluating.pop(key, None)
-        if outcome.state == "COMPLETE":
+        if outcome.attrs.get("rejected"):
+            self._rejected_keys.setdefault(key, outcome)
+        elif outcome.state == "COMPLETE":
             self._known.setdefault(key, outcome)
         else:
             self._failed[key] = outcome
@@ -307,19 +316,20 @@ class Driver:
         for k, v in outcome.attrs.items():
             if v is not None:
                 trial.set_user_attr(k, v)
-        if outcome.state == "FAIL":
-            study.tell(trial, state=TrialState.FAIL)
-            self.failed += count
-            return
         for k, v in outcome.constraints.items():
             trial.set_constraint(k, v)
+        if outcome.state == "FAIL":
+            study.tell(trial, state=TrialState.FAIL)
+            if outcome.attrs.get("rejected"):
+                self.rejected += count
+            else:
+                self.failed += count
+            return
         study.tell(trial, outcome.values)
         if not count:
             return
         self.complete += 1
-        if outcome.attrs.get("rejected"):
-            self.rejected += 1
-        elif outcome.attrs.get("feasible"):
+        if outcome.attrs.get("feasible"):
             self.feasible += 1
             self._update_best(outcome)
 
@@ -400,14 +410,22 @@ class Driver:
         from optuna.trial import TrialState
 
         done = study.get_trials(deepcopy=False)
+        rejected = [t for t in done if t.user_attrs.get("rejected")
+                    and t.user_attrs.get("repeat_of") is None]
         first = [t for t in done if t.state == TrialState.COMPLETE
-                 and t.user_attrs.get("repeat_of") is None]
+                 and t.user_attrs.get("repeat_of") is None and not t.user_attrs.get("rejected")]
         self.complete = len(first)
         self.failed = 0
-        self.rejected = sum(bool(t.user_attrs.get("rejected")) for t in first)
+        self.rejected = len(rejected)
         self.feasible = sum(bool(t.user_attrs.get("feasible")) for t in first)
-        self.repeats = sum(t.user_attrs.get("repeat_of") is not None for t in done)
+        self.repeats = sum(t.user_attrs.get("repeat_of") is not None
+                           and not t.user_attrs.get("rejected") for t in done)
         self.best = None
+        for t in rejected:
+            self._rejected_keys.setdefault(
+                config_key(self.space, t.params),
+                Outcome(t.number, t.params, None, dict(t.constraints or {}), state="FAIL",
+                        attrs=dict(t.user_attrs)))
         for t in first:
             out = Outcome(t.number, t.params, list(t.values), dict(t.constraints or {}),
                           attrs=dict(t.user_attrs))
@@ -459,6 +477,12 @@ class Driver:
                             "stopping at %d distinct ones", self._repeats_in_a_row,
                             self.complete)
             return False
+        if self._rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
+            if not getattr(self, "_warned_rejected", False):
+                self._warned_rejected = True
+                log.warning("%d draws in a row were rejected before simulating; stopping at "
+                            "%d trials", self._rejected_in_a_row, self.complete)
+            return False
         return (not out_of_time and self.failed < max(10, self.n_trials)
                 and self.complete + len(inflight) < self.n_trials)
 
@@ -485,12 +509,17 @@ class Driver:
 
     def _ask_one(self, study, inflight: dict, submit: bool):
         """Ask a trial and start it. Returns (trial, cfg, outcome) where outcome is set
-        when it was decided without simulating (rejected; or, when not ``submit``, a
-        repeat: the string "repeat")."""
+        when it was decided without simulating: "rejected" (told at once as FAIL, not
+        counted) or "repeat" (answered from the stored result; when not ``submit``, by
+        the caller)."""
         trial = study.ask()
         params = self.space.suggest(trial)
         cfg = make_trial_config(self.space, trial.number, params)
         key = config_key(self.space, cfg.params)
+        if key in self._rejected_keys:  # rejected before: no need to check it again
+            first = self._rejected_keys[key]
+            self._reject(study, trial, cfg, first.attrs.get("reason", ""), first.number)
+            return trial, cfg, "rejected"
         if key in self._known or key in self._evaluating:
             self._repeats_in_a_row += 1
             if not submit:
@@ -500,19 +529,28 @@ class Driver:
             else:  # answered when the running evaluation of it is recorded
                 self._waiting.setdefault(key, []).append((trial, cfg))
             return trial, cfg, "repeat"
-        self._repeats_in_a_row = 0
         reason = precheck(self.space, cfg)
         if reason:
-            outcome = self._rejected(cfg, reason)
-            if submit:
-                self._record(study, trial, cfg, outcome)
-            else:
-                self._evaluating[key] = trial.number
-            return trial, cfg, outcome
+            self._reject(study, trial, cfg, reason)
+            return trial, cfg, "rejected"
+        self._repeats_in_a_row = 0
+        self._rejected_in_a_row = 0
         self._evaluating[key] = trial.number
         inflight[trial.number] = (trial, cfg)
         self.pool.submit(self._task(cfg))
         return trial, cfg, None
+
+    def _reject(self, study, trial, cfg, reason: str, first: int | None = None) -> None:
+        """A draw rejected before simulating: told as FAIL (the sampler learns nothing from
+        it), not counted toward ``n_trials``; a configuration rejected before is marked
+        ``repeat_of`` its first rejection and not tracked again."""
+        self._rejected_in_a_row += 1
+        if first is None:
+            self._record(study, trial, cfg, self._rejected(cfg, reason))
+            return
+        out = self._rejected(cfg, reason)
+        out.attrs["repeat_of"] = first
+        self._tell(study, trial, cfg, out, count=False)
 
     def _batch(self, study, inflight: dict, prog) -> None:
         """Deterministic mode: ask a batch, wait for all of it, tell in trial order."""
@@ -524,6 +562,8 @@ class Driver:
                 results[res.number] = res
             prog.update()
         for trial, cfg, outcome in sorted(asked, key=lambda x: x[0].number):
+            if outcome == "rejected":  # told when drawn
+                continue
             if outcome == "repeat":  # its first evaluation is earlier in this order
                 key = config_key(self.space, cfg.params)
                 self._answer_repeat(study, trial, cfg,
@@ -557,9 +597,9 @@ class Driver:
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
-    """How many distinct configurations a finite space holds, knobs without effect
-    normalised away (None when infinite or more than ``limit``): a search cannot evaluate
-    more than that many."""
+    """How many distinct configurations a finite space holds that the pre-simulation check
+    accepts, knobs without effect normalised away (None when infinite or more than
+    ``limit``): a search cannot evaluate more than that many."""
     n = 1
     for dom in space.knobs.values():
         vals = dom.finite_values()
@@ -568,7 +608,9 @@ def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
         n *= max(1, len(vals))
         if n > limit:
             return None
-    return len({config_key(space, params) for params in space.grid()})
+    distinct = {config_key(space, params): params for params in space.grid()}
+    return sum(precheck(space, make_trial_config(space, 0, p)) is None
+               for p in distinct.values())
 
 
 def _source_text(src: Any) -> str:

@@ -35,7 +35,8 @@ def _trials(out):
 
 
 def _counted(t) -> bool:
-    """COMPLETE and simulated (or rejected) itself: what counts toward n_trials."""
+    """COMPLETE and simulated itself: what counts toward n_trials (a draw rejected before
+    simulating is told FAIL and not counted)."""
     return t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs
 
 
@@ -88,7 +89,8 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     complete = [t for t in after if _counted(t)]
     assert len(complete) == n
     # a draw that repeats an evaluated configuration is told its stored result, not run
-    firsts = {t.number for t in complete}
+    firsts = {t.number for t in complete} | {t.number for t in after if t.user_attrs.get(
+        "rejected") and "repeat_of" not in t.user_attrs}
     for t in after:
         if "repeat_of" in t.user_attrs:
             assert t.user_attrs["repeat_of"] in firsts, dump_of(after)
@@ -105,7 +107,10 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
         assert len(reruns) <= 1, (num, dump)
         assert all(r.params.items() >= params.items() for r in reruns), (num, params, dump)
     # nothing that finished before the kill was run again
-    requeued = [t.user_attrs["requeued_from"] for t in complete if "requeued_from" in t.user_attrs]
+    # (a re-run whose parameters, partial ones completed anew, the budget check rejects is
+    # told FAIL and not counted: still the one re-run of that trial)
+    requeued = [t.user_attrs["requeued_from"] for t in after if "requeued_from" in t.user_attrs
+                and (_counted(t) or t.user_attrs.get("rejected"))]
     # (a trial killed before its first suggest has no parameters and nothing to re-run)
     redrawable = [num for num, params in interrupted.items() if params]
     assert len(requeued) == len(set(requeued)) == min(len(redrawable), slots)
@@ -123,7 +128,10 @@ def test_dse_resume_after_sigkill_no_lost_or_repeated_trials(tmp_path):
     runs = client.search_runs([meta["experiment_id"]], max_results=1000)
     kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     nums = [r.data.tags["dse.trial_number"] for r in kids]
-    assert len(nums) == len(set(nums)) == n  # one child per COMPLETE trial, no duplicates
+    # one child per COMPLETE trial and per first rejection of a configuration, no duplicates
+    first_rejections = [t for t in after if t.user_attrs.get("rejected")
+                        and "repeat_of" not in t.user_attrs]
+    assert len(nums) == len(set(nums)) == n + len(first_rejections)
     assert len(runs) - len(kids) == 1
 
 
