@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from sim import ALL2ALL_BACKENDS
-from sim.errors import InputError
+from sim.errors import InputError, read_text_input
 from sim.options import VLLM_BLOCK_SIZES
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
@@ -446,14 +446,7 @@ TOP_KEYS = ("name", "model", "hardware", "budget", "cluster", "workload", "slo",
 def load_space(path: str | Path) -> Space:
     """Read and validate a search-space YAML file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (undecodable byte "
-                         f"{exc.object[exc.start]:#04x}); a search space is a YAML text "
-                         "file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read search space: {exc.strerror or exc}") from None
+    text = read_text_input(path, "a search space", "a YAML")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

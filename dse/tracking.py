@@ -127,10 +127,6 @@ def latency_histogram_png(requests, path: Path) -> bool:
     path.write_bytes(png)
     return True
 
-def default_tracking_uri(out_dir: Path) -> str:
-    return f"sqlite:///{out_dir.resolve() / 'mlflow.db'}"
-
-
 def _param(v: Any) -> str:
     s = json.dumps(v) if isinstance(v, (dict, list, tuple)) else str(v)
     return s[:MAX_PARAM_LEN]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,8 @@ def run_validation(folder: Path, latency_provider: str = "measured",
         # (a run that logged no count is replayed with the derived one)
         kv_blocks = int(kv["num_gpu_blocks"])
     if kv_blocks:
-        cluster = _with_blocks(cluster, kv_blocks)
+        cluster = cluster.map_instances(
+            lambda i: replace(i, num_gpu_blocks_override=kv_blocks))
     opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
                           max_num_batched_tokens=kw["max_num_batched_tokens"],
                           max_model_len=kw.get("max_model_len"),
@@ -98,15 +100,6 @@ def run_validation(folder: Path, latency_provider: str = "measured",
                           latency_provider=latency_provider, **_resolved_moe_options(meta))
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
     return sim.simulate(cluster, workload, opts), meta
-
-
-def _with_blocks(cluster, blocks: int):
-    """``cluster`` with every instance holding ``blocks`` KV blocks (vLLM's
-    num_gpu_blocks_override)."""
-    from dataclasses import replace
-    nodes = tuple(replace(n, instances=tuple(replace(i, num_gpu_blocks_override=blocks)
-                                             for i in n.instances)) for n in cluster.nodes)
-    return replace(cluster, nodes=nodes)
 
 
 def _blocks(per_instance: dict) -> str:

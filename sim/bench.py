@@ -99,13 +99,9 @@ def bench_cluster(args) -> dict:
                     ("--data-parallel-size", dp)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
-    from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
-    if args.quantization not in (None, *QUANTIZATIONS):
-        raise InputError(f"--quantization {args.quantization!r} is not modelled; allowed: "
-                         f"{', '.join(QUANTIZATIONS)} (default: the checkpoint's)")
-    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise InputError(f"--kv-cache-dtype {args.kv_cache_dtype!r} is not modelled; allowed: "
-                         f"{', '.join(KV_CACHE_DTYPES)}")
+    from sim.model import check_precision
+    check_precision(args.quantization, args.kv_cache_dtype, quant_label="--quantization",
+                    kv_label="--kv-cache-dtype")
     util = args.gpu_memory_utilization
     if not 0 < util <= 1:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from sim.errors import InputError
+from sim.errors import InputError, read_text_input
 from sim.options import ALL2ALL_BACKENDS
 
 GiB = 1 << 30
@@ -91,14 +91,17 @@ class ClusterConfig:
     def with_overrides(self, **kw) -> ClusterConfig:
         return replace(self, **kw)
 
+    def map_instances(self, change) -> ClusterConfig:
+        """This cluster with every instance replaced by ``change(instance)``."""
+        nodes = tuple(replace(n, instances=tuple(change(i) for i in n.instances))
+                      for n in self.nodes)
+        return replace(self, nodes=nodes)
+
     def with_mem_util(self, util: float) -> ClusterConfig:
         """This cluster with every instance's npu_mem.mem_util set to ``util`` (vLLM's
         gpu_memory_utilization of a run being replayed)."""
-        def inst(i: InstanceConfig) -> InstanceConfig:
-            return replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util)))
-        nodes = tuple(replace(n, instances=tuple(inst(i) for i in n.instances))
-                      for n in self.nodes)
-        return replace(self, nodes=nodes)
+        return self.map_instances(
+            lambda i: replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util))))
 
 
 #: no field of a cluster is meaningfully this large (GiB, GB/s, ns, counts): a typo
@@ -291,14 +294,7 @@ def _refuse_constant(name: str):
 def load_cluster(path: str | Path) -> ClusterConfig:
     """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); a "
-                         "cluster config is a JSON or YAML text file", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read cluster config: {exc.strerror or exc}",
-                         source=str(path)) from None
+    text = read_text_input(path, "a cluster config", "a JSON or YAML")
     try:
         data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else \
             json.loads(text, parse_constant=_refuse_constant)

@@ -24,3 +24,18 @@ def unknown_name(kind: str, name: object, known: Iterable[str], source: str | No
     """Error for a name that is not in a registry, listing the valid choices."""
     choices = ", ".join(sorted(known)) or "(none)"
     return InputError(f"unknown {kind} {name!r}; known: {choices}", source=source)
+
+
+def read_text_input(path, what: str, kind: str) -> str:
+    """The text of an input file, or one InputError naming the file: not UTF-8 (``what`` is
+    e.g. "a cluster config", ``kind`` e.g. "a JSON or YAML") or unreadable."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
+                         f"{what} is {kind} text file", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what.split(' ', 1)[1]}: {exc.strerror or exc}",
+                         source=str(path)) from None

@@ -56,6 +56,19 @@ _HF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "llama", "qwen3": "qwen3",
                       "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
 
 
+def check_precision(quantization: str | None, kv_cache_dtype: str, *,
+                    quant_label: str = "quantization", kv_label: str = "kv_cache_dtype",
+                    source: str | None = None) -> None:
+    """Refuse a quantization or KV-cache dtype that is not modelled, naming the field or
+    flag it came from (``quant_label`` / ``kv_label``) and what is allowed."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise InputError(f"{quant_label}: {quantization!r} is not modelled; allowed: "
+                         f"{', '.join(QUANTIZATIONS)} (or none)", source=source)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(f"{kv_label}: {kv_cache_dtype!r} is not modelled; allowed: "
+                         f"{', '.join(KV_CACHE_DTYPES)}", source=source)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -124,10 +137,7 @@ class ModelSpec:
         q = self.quantization if quantization is _UNSET or quantization is None else quantization
         kv = self.kv_cache_dtype if kv_cache_dtype is _UNSET or kv_cache_dtype is None \
             else kv_cache_dtype
-        if q not in (None, *QUANTIZATIONS):
-            raise unknown_name("quantization", q, QUANTIZATIONS, source)
-        if kv not in KV_CACHE_DTYPES:
-            raise unknown_name("kv_cache_dtype", kv, KV_CACHE_DTYPES, source)
+        check_precision(q, kv, source=source)
         if q == self.quantization and kv == self.kv_cache_dtype:
             return self
         return replace(self, quantization=q, kv_cache_dtype=kv)
@@ -249,11 +259,8 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
         quantization=d.get("quantization") or None,
         kv_cache_dtype=str(d.get("kv_cache_dtype") or "auto"),
     )
-    if spec.quantization not in (None, *QUANTIZATIONS):
-        raise InputError(f"field 'quantization': {spec.quantization!r} is not modelled; "
-                         f"supported: {', '.join(QUANTIZATIONS)} (or none)", source=source)
-    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise unknown_name("kv_cache_dtype", spec.kv_cache_dtype, KV_CACHE_DTYPES, source)
+    check_precision(spec.quantization, spec.kv_cache_dtype, quant_label="field 'quantization'",
+                    kv_label="field 'kv_cache_dtype'", source=source)
     if spec.dtype not in DTYPE_BYTES:
         raise unknown_name("dtype", spec.dtype, DTYPE_BYTES, source)
     if spec.is_moe and not (spec.num_experts_per_tok and spec.moe_intermediate_size):

@@ -122,13 +122,9 @@ class SimOptions:
         if self.enable_sub_batch_interleaving and not self.enable_attn_offloading:
             raise InputError("sub-batch interleaving overlaps NPU work with PIM attention: it "
                              "needs --enable-attn-offloading")
-        from sim.model import KV_CACHE_DTYPES, QUANTIZATIONS
-        if self.quantization not in (None, *QUANTIZATIONS):
-            raise InputError(f"option quantization: {self.quantization!r} is not modelled; "
-                             f"allowed: {', '.join(QUANTIZATIONS)} (or none)")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InputError(f"option kv_cache_dtype: {self.kv_cache_dtype!r} is not modelled; "
-                             f"allowed: {', '.join(KV_CACHE_DTYPES)}")
+        from sim.model import check_precision
+        check_precision(self.quantization, self.kv_cache_dtype, quant_label="option quantization",
+                        kv_label="option kv_cache_dtype")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise InputError(f"option scheduling_policy must be fcfs or priority, got "
                              f"{self.scheduling_policy!r}")
