@@ -2,7 +2,7 @@
 
 The rules are those of vLLM's ``vllm/v1/core/sched/scheduler.py`` (and
 ``async_scheduler.py``), checked step by step against vLLM's own scheduler by
-``tests/test_sim_vllm_scheduler_parity.py``. Each ``schedule``:
+``tests/sim/test_sim_vllm_scheduler_parity.py``. Each ``schedule``:
 
 1. Running requests first, in order. Each asks for the rest of its sequence, counting
    tokens still being sampled by steps in flight (chunked, capped by

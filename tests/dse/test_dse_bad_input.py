@@ -16,7 +16,7 @@ import time
 
 import pytest
 import yaml
-from conftest import BASE_SPACE, write_space
+from dse_testkit import BASE_SPACE, write_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 
 from dse.canonical import canonical_params, config_key
 from dse.config import make_trial_config

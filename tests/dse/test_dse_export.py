@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from conftest import write_space
+from dse_testkit import write_space
 
 from dse.config import make_trial_config
 from dse.export import bench_command, deploy_script, entry_lines, export_config, servers

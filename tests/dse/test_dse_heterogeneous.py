@@ -4,7 +4,7 @@ with the PIM knobs applied only where the hardware has PIM, and energy objective
 from __future__ import annotations
 
 import pandas as pd
-from conftest import write_space
+from dse_testkit import write_space
 
 from dse.space import load_space
 from dse.study import Driver

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 
 from sim.errors import InputError
 from dse.config import sim_options, vllm_command

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 from optuna.trial import TrialState
 
 from dse.store import open_storage

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 import pandas as pd
-from conftest import write_space
+from dse_testkit import write_space
 from optuna.trial import TrialState
 
 from dse import study as study_mod

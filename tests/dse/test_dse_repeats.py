@@ -4,7 +4,7 @@ counted toward n_trials (n_trials counts distinct configurations)."""
 from __future__ import annotations
 
 import optuna
-from conftest import write_space
+from dse_testkit import write_space
 from optuna.trial import TrialState
 
 import dse.pool

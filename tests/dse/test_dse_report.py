@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 
 from dse.canonical import config_key
 from dse.report import pareto_frame

@@ -11,7 +11,7 @@ import time
 
 import optuna
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 from optuna.trial import TrialState
 
 from dse.pool import RayPool

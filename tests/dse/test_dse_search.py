@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 
 from dse.config import make_trial_config, precheck
 from dse.metrics import objective_values, pareto_mask

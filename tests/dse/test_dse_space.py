@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import BASE_SPACE, write_space
+from dse_testkit import BASE_SPACE, write_space
 
 from dse.cli import main
 from dse.metrics import pareto_mask

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import write_space
+from dse_testkit import write_space
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "",
                              shutil.which("chromium-browser") or "") if p and Path(p).exists()),

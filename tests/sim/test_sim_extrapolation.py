@@ -10,7 +10,7 @@ import sim
 from sim.latency.base import BatchShape
 from sim.latency.measured import MeasuredProvider, upper_slope, work_slope
 from sim.model import load_model
-from tests.conftest import (ATTN_KD, ATTN_KP, ATTN_ND, ATTN_PC, DENSE_TOKENS, HW, MODEL,
+from sim_testkit import (ATTN_KD, ATTN_KP, ATTN_ND, ATTN_PC, DENSE_TOKENS, HW, MODEL,
                             attn_us, dense_us, flat_workload, make_bundle, make_cluster,
                             opts_for)
 

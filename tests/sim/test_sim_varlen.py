@@ -14,7 +14,7 @@ from sim.options import SimOptions
 from sim.request import Request
 from sim.scheduler import Scheduler
 from sim.paths import shared_data_root
-from tests.conftest import HW, MODEL
+from sim_testkit import HW, MODEL
 
 
 def varlen_shape(chunks_kv: list[tuple[int, int]]) -> BatchShape:

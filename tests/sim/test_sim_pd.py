@@ -10,7 +10,7 @@ import pytest
 
 import sim
 from sim.workload import parse_jsonl_lines
-from tests.conftest import util_with_overhead
+from sim_testkit import util_with_overhead
 
 
 def _pd_cluster(link_bw: float = 16, prefill: int = 1, decode: int = 1, tp: int = 1,

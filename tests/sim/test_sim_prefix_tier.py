@@ -10,7 +10,7 @@ import pytest
 
 import sim
 from sim.workload import parse_jsonl_lines
-from tests.conftest import util_with_overhead
+from sim_testkit import util_with_overhead
 
 
 def _cluster(instances: int = 1, mem_util: float = 0.2, cxl: bool = False) -> sim.ClusterConfig:

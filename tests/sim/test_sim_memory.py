@@ -13,7 +13,7 @@ from sim.errors import InputError
 from sim.memory import (activation_peak_bytes, device_total_bytes, kv_capacity_blocks,
                         memory_budget)
 from sim.model import load_model
-from tests.conftest import flat_workload, make_cluster, opts_for
+from sim_testkit import flat_workload, make_cluster, opts_for
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 
