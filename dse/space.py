@@ -42,7 +42,7 @@ OBJECTIVES = {
     "devices_used": "minimize",
     "avg_power": "minimize",
 }
-SAMPLERS = ("nsga2", "tpe", "random", "grid")
+SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
 PIM_MODES = ("off", "local", "pool")
 BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing",
@@ -276,6 +276,8 @@ class SearchSettings:
     workers: int | None
     population_size: int
     trial_timeout_s: float
+    #: configurations of the initial design (dse.sampling); None: the sampler's default
+    initial_design: int | None = None
 
 
 @dataclass(frozen=True)
@@ -569,7 +571,8 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
                         max_probes=cp.num("max_probes", 16, integer=True, minimum=2))
     # ---- search settings
     se = _Map(top.get("search"), "search", ("sampler", "n_trials", "timeout_s", "seed",
-                                            "workers", "population_size", "trial_timeout_s"))
+                                            "workers", "population_size", "trial_timeout_s",
+                                            "initial_design"))
     default_sampler = "nsga2" if len(objectives) > 1 else "tpe"
     search = SearchSettings(
         sampler=se.choice("sampler", SAMPLERS, default_sampler),
@@ -578,7 +581,8 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         seed=se.num("seed", 0, integer=True, minimum=0),
         workers=se.num("workers", None, integer=True, minimum=0),
         population_size=se.num("population_size", 16, integer=True, minimum=2),
-        trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True))
+        trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True),
+        initial_design=se.num("initial_design", None, integer=True, minimum=0))
 
     name = top.get("name")
     if name is None:  # from the file name, made safe for runs/<name>

@@ -26,6 +26,7 @@ import numpy as np
 from dse import metrics as M
 from dse.canonical import config_key
 from dse.config import make_trial_config, precheck
+from dse.sampling import enqueue_initial_design, feasible_set, make_sampler, sampler_settings
 from dse.space import Space, load_space
 from dse.store import (
     JOURNAL,
@@ -64,28 +65,6 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "optuna": optuna.__version__,
             "ray": ray.__version__, "mlflow": mlflow.__version__, "numpy": np.__version__,
             "pandas": pandas.__version__}
-
-
-def make_sampler(space: Space, seed: int, deterministic: bool):
-    import optuna
-
-    s = space.search
-    if s.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=seed)
-    if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                          constant_liar=not deterministic)
-    return optuna.samplers.RandomSampler(seed=seed)  # random, and grid (grid is enqueued)
-
-
-def sampler_settings(space: Space, seed: int, deterministic: bool) -> dict[str, Any]:
-    s = space.search
-    d = {"sampler": s.sampler, "seed": seed, "deterministic": deterministic}
-    if s.sampler == "nsga2":
-        d["population_size"] = s.population_size
-    if s.sampler == "tpe":
-        d.update(multivariate=True, constant_liar=not deterministic)
-    return d
 
 
 @dataclass
@@ -182,7 +161,7 @@ class Driver:
             "space_path": str(Path(self.space.path).resolve()),
             "space_digest": self.space.digest, "study_name": self.space.name,
             "seed": self.seed, "n_trials": self.n_trials,
-            "sampler": sampler_settings(self.space, self.seed, self.deterministic),
+            "sampler": sampler_settings(self.space, self.seed, self.deterministic, self.n_trials),
             "directions": [o.direction for o in self.space.objectives],
             "objectives": [o.name for o in self.space.objectives],
             "constraints": M.constraint_keys(self.space), "versions": versions(),
@@ -204,7 +183,7 @@ class Driver:
         self._storage = open_storage(self.out)
         study = optuna.create_study(
             storage=self._storage,
-            sampler=make_sampler(self.space, self.seed, self.deterministic),
+            sampler=make_sampler(self.space, self.seed, self.deterministic, self.n_trials),
             study_name=self.space.name, load_if_exists=True,
             directions=[o.direction for o in self.space.objectives])
         return study
@@ -235,7 +214,10 @@ class Driver:
         return numbers
 
     def _enqueue_grid(self, study) -> None:
-        if self.space.search.sampler != "grid" or study.get_trials(deepcopy=False):
+        if self.space.search.sampler != "grid":
+            enqueue_initial_design(self.space, study, self.n_trials, self.seed)
+            return
+        if study.get_trials(deepcopy=False):
             return
         grid = self.space.grid()
         order = np.random.default_rng(self.seed).permutation(len(grid))
@@ -399,7 +381,7 @@ class Driver:
                     "hardware": list(self.space.hardware),
                     "total_devices": self.space.total_devices,
                     **{f"sampler.{k}": v for k, v in
-                       sampler_settings(self.space, self.seed, self.deterministic).items()}},
+                       sampler_settings(self.space, self.seed, self.deterministic, self.n_trials).items()}},
             tags={"dse.out_dir": str(self.out.resolve()), "dse.space_digest": self.space.digest,
                   **{f"version.{k}": v for k, v in meta["versions"].items()}})
         self.tracker.delete_trial_runs(requeue)
@@ -600,17 +582,8 @@ def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
     """How many distinct configurations a finite space holds that the pre-simulation check
     accepts, knobs without effect normalised away (None when infinite or more than
     ``limit``): a search cannot evaluate more than that many."""
-    n = 1
-    for dom in space.knobs.values():
-        vals = dom.finite_values()
-        if vals is None:
-            return None
-        n *= max(1, len(vals))
-        if n > limit:
-            return None
-    distinct = {config_key(space, params): params for params in space.grid()}
-    return sum(precheck(space, make_trial_config(space, 0, p)) is None
-               for p in distinct.values())
+    feasible = feasible_set(space, limit)
+    return None if feasible is None else len(feasible)
 
 
 def _source_text(src: Any) -> str:

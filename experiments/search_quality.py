@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import logging
 import shutil
@@ -58,7 +59,7 @@ from dse.worker import evaluate  # noqa: E402
 
 def variant_space(src: Path, out_dir: Path, provider: str | None, num_requests: int | None,
                   sampler: str | None = None, population: int | None = None,
-                  tag: str = "space") -> Path:
+                  tag: str = "space", design: int | None = None) -> Path:
     """A copy of the space file with the overrides (the copy is what every run loads)."""
     data = yaml.safe_load(src.read_text())
     if provider:
@@ -71,6 +72,8 @@ def variant_space(src: Path, out_dir: Path, provider: str | None, num_requests: 
             data["search"].pop("population_size", None)
     if population:
         data["search"]["population_size"] = population
+    if design is not None:
+        data.setdefault("search", {})["initial_design"] = design
     out_dir.mkdir(parents=True, exist_ok=True)
     p = out_dir / f"{tag}.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -235,6 +238,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samplers", nargs="+", default=["nsga2", "tpe", "random"])
     ap.add_argument("--population", type=int, default=None,
                     help="NSGA-II population size (default: the space's)")
+    ap.add_argument("--designs", nargs="+", default=["default"],
+                    help="initial design sizes to compare (search.initial_design; 'default' "
+                         "leaves the sampler's own)")
     ap.add_argument("--fractions", nargs="+", type=float, default=[0.05, 0.10, 0.20])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--work", default=str(ROOT / "runs" / "search_quality"))
@@ -264,18 +270,19 @@ def main(argv=None) -> int:
           f"({ {k: best['params'][k] for k in ('tp', 'replicas', 'max_num_seqs', 'max_num_batched_tokens')} })")
     if a.brute_force_only:
         return 0
-    print(f"\n{'sampler':8} {'n_trials':>8} {'median HV':>10} {'worst HV':>9} "
+    print(f"\n{'sampler':8} {'design':>6} {'n_trials':>8} {'median HV':>10} {'worst HV':>9} "
           f"{'rejected':>9} {'repeats':>8} {'wall s':>7}   per seed")
     for frac in a.fractions:
-        for sampler in a.samplers:
+        for sampler, design in itertools.product(a.samplers, a.designs):
+            d = None if design == "default" else int(design)
             sp = variant_space(src, work, a.latency_provider, a.num_requests, sampler,
                                a.population if sampler == "nsga2" else None,
-                               tag=f"s-{sampler}-{a.population}")
+                               tag=f"s-{sampler}-{a.population}-{design}", design=d)
             n = max(1, round(frac * len(rows)))
-            res = [run_one(sp, work / f"run-{sampler}-{a.population}-{n}-{s}", n, s, bf, ref)
-                   for s in a.seeds]
+            res = [run_one(sp, work / f"run-{sampler}-{a.population}-{design}-{n}-{s}", n, s,
+                           bf, ref) for s in a.seeds]
             fr = [r["hv"] / hv_bf for r in res]
-            print(f"{sampler:8} {n:8d} {statistics.median(fr):10.3f} {min(fr):9.3f} "
+            print(f"{sampler:8} {design:>6} {n:8d} {statistics.median(fr):10.3f} {min(fr):9.3f} "
                   f"{statistics.median(r['rejected'] for r in res):9.0f} "
                   f"{statistics.median(r['repeats'] for r in res):8.0f} "
                   f"{statistics.median(r['wall_s'] for r in res):7.1f}   "

@@ -1,0 +1,200 @@
+"""The initial design: every knob value, only configurations that pass the pre-simulation
+check, enqueued once; a study interrupted in the middle of it resumes without repeating or
+losing a trial."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import optuna
+import pytest
+from dse_testkit import write_space
+from optuna.trial import TrialState
+
+import dse.pool
+from dse.canonical import canonical_params, config_key
+from dse.config import make_trial_config, precheck
+from dse.pool import LocalPool
+from dse.sampling import (
+    DESIGN_ATTR,
+    covering_size,
+    design_size,
+    enqueue_initial_design,
+    feasible_set,
+    initial_design,
+    make_sampler,
+)
+from dse.space import load_space
+from dse.study import Driver, open_storage
+
+# 4 devices: tp x replicas over 4 is over the budget, and vLLM refuses
+# max_num_batched_tokens 128 < max_num_seqs 256: the extreme corners a space-filling design
+# reaches first are the ones the check rejects
+KNOBS = {"tp": [1, 2, 4], "replicas": [1, 2, 4], "max_num_seqs": [16, 64, 256],
+         "max_num_batched_tokens": [128, 1024, 4096], "enable_prefix_caching": [True, False]}
+
+
+def _space(tmp_path, **search):
+    return load_space(write_space(tmp_path, knobs=KNOBS,
+                                  search={"n_trials": 12, "seed": 0, **search}))
+
+
+def _trials(out):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name="t", storage=open_storage(out)).get_trials()
+
+
+def test_the_space_has_corners_the_check_rejects(tmp_path):
+    space = _space(tmp_path)
+    rejected = [p for p in space.grid()
+                if precheck(space, make_trial_config(space, 0, p)) is not None]
+    assert any(p["tp"] * p["replicas"] > 4 for p in rejected)
+    assert any(p["max_num_batched_tokens"] < p["max_num_seqs"] for p in rejected)
+    assert len(feasible_set(space)) < len(space.grid())
+
+
+@pytest.mark.parametrize("extra", [0, 2, 9])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_initial_design_covers_every_value_and_passes_the_check(tmp_path, extra, seed):
+    space = _space(tmp_path)
+    cover = covering_size(space, seed)
+    assert 3 <= cover <= 5  # the widest knob has 3 values
+    n = cover + extra
+    design = initial_design(space, n, seed=seed)
+    assert len(design) == n
+    assert len({config_key(space, p) for p in design}) == n  # distinct configurations
+    for p in design:
+        assert precheck(space, make_trial_config(space, 0, p)) is None, p
+    # every value a feasible configuration can show (canonical form) is in the design
+    shown = collections.defaultdict(set)
+    for p in feasible_set(space):
+        for k, v in canonical_params(space, p).items():
+            if k in KNOBS:
+                shown[k].add(v)
+    assert shown["tp"] == {1, 2, 4} and shown["replicas"] == {1, 2, 4}
+    for k, values in shown.items():
+        got = {canonical_params(space, p)[k] for p in design}
+        assert got == values, (k, got, values)
+
+
+def test_initial_design_depends_on_the_seed_only(tmp_path):
+    space = _space(tmp_path)
+    assert initial_design(space, 6, seed=2) == initial_design(space, 6, seed=2)
+    designs = {tuple(config_key(space, p) for p in initial_design(space, 6, seed=s))
+               for s in range(6)}
+    assert len(designs) > 1
+
+
+def test_design_size_defaults(tmp_path):
+    assert design_size(_space(tmp_path, sampler="tpe"), 40) == 10  # a quarter of 40
+    small = _space(tmp_path, sampler="tpe")
+    assert design_size(small, 8) == covering_size(small, 0) > 2  # every value at least
+    assert design_size(_space(tmp_path, sampler="nsga2", population_size=7), 40) == 7
+    assert design_size(_space(tmp_path, sampler="tpe", initial_design=0), 40) == 0
+    assert design_size(_space(tmp_path, sampler="random"), 40) == 0
+    assert design_size(_space(tmp_path, sampler="tpe", initial_design=99), 12) == 12
+    tpe = make_sampler(_space(tmp_path, sampler="tpe"), 0, False, 40)
+    assert isinstance(tpe, optuna.samplers.TPESampler)
+    assert tpe._n_startup_trials == 10  # it models from right after the design
+
+
+def test_auto_is_the_default_and_resolves_to_tpe(tmp_path):
+    space = _space(tmp_path)
+    assert space.search.sampler == "auto"
+    assert isinstance(make_sampler(space, 0, False, 12), optuna.samplers.TPESampler)
+
+
+def test_a_search_starts_with_the_design_and_never_draws_it_twice(tmp_path, monkeypatch):
+    space = _space(tmp_path, sampler="tpe")
+    n = design_size(space, 12)
+    simulated = []
+    real = dse.pool.evaluate
+
+    def counting(sp, task, *a, **k):
+        simulated.append(task["number"])
+        return real(sp, task, *a, **k)
+
+    monkeypatch.setattr(dse.pool, "evaluate", counting)
+    s = Driver(space, tmp_path / "out", workers=0, progress=False).run()
+    trials = _trials(tmp_path / "out")
+    design = [t for t in trials if t.user_attrs.get("initial_design")]
+    assert [t.number for t in design] == list(range(n))
+    assert all(t.state == TrialState.COMPLETE and not t.user_attrs.get("rejected")
+               for t in design)
+    want = [config_key(space, p) for p in initial_design(space, n, 0)]
+    assert [config_key(space, t.params) for t in design] == want
+    assert s.complete == 12
+    assert len(simulated) == len(set(simulated))
+    # a second run of the finished study enqueues nothing
+    study = optuna.load_study(study_name="t", storage=open_storage(tmp_path / "out"))
+    assert study.user_attrs[DESIGN_ATTR] == n
+    assert enqueue_initial_design(space, study, 12, 0) == 0
+
+
+class _Interrupting(LocalPool):
+    """Evaluates ``after`` trials, then raises KeyboardInterrupt as a Ctrl-C would, with a
+    trial submitted and not yet evaluated."""
+
+    def __init__(self, space, after: int) -> None:
+        super().__init__(space)
+        self.left = after
+
+    def poll(self, timeout: float = 0.5):
+        if self.left == 0:
+            raise KeyboardInterrupt
+        self.left -= 1
+        return super().poll(timeout)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2"])
+def test_resume_in_the_middle_of_the_design_neither_repeats_nor_loses(tmp_path, monkeypatch,
+                                                                      sampler):
+    n_trials = 12
+    # NSGA-II: its first generation (population_size); TPE: asked for 6
+    space = _space(tmp_path, sampler=sampler, population_size=6,
+                   **({"initial_design": 6} if sampler == "tpe" else {}))
+    n = design_size(space, n_trials)
+    assert n == 6
+    simulated = collections.Counter()
+    real = dse.pool.evaluate
+
+    def counting(sp, task, *a, **k):
+        simulated[json.dumps([task["cluster"], task["options"]], sort_keys=True,
+                             default=str)] += 1
+        return real(sp, task, *a, **k)
+
+    monkeypatch.setattr(dse.pool, "evaluate", counting)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        Driver(space, out, workers=0, progress=False, pool=_Interrupting(space, 2)).run()
+    before = _trials(out)
+    assert sum(t.state == TrialState.COMPLETE for t in before) == 2
+    running = [t.number for t in before if t.state == TrialState.RUNNING]
+    waiting = [t for t in before if t.state == TrialState.WAITING]
+    assert len(running) == 1 and len(waiting) == n - 3
+
+    s = Driver(load_space(space.path), out, workers=0, progress=False).run()
+    after = _trials(out)
+    counted = [t for t in after if t.state == TrialState.COMPLETE
+               and "repeat_of" not in t.user_attrs]
+    assert s.complete == len(counted) == n_trials
+    keys = [config_key(space, t.params) for t in counted]
+    assert len(set(keys)) == len(keys)  # no configuration evaluated twice
+    # every design configuration was evaluated, exactly once, the interrupted one by its
+    # re-enqueued trial; the design was not enqueued again
+    design = [config_key(space, p) for p in initial_design(space, n, 0)]
+    assert set(design) <= set(keys)
+    # (a later draw of a design configuration is a repeat answered from its result)
+    drawn = collections.Counter(config_key(space, t.params) for t in after
+                                if t.params and t.number not in running
+                                and "repeat_of" not in t.user_attrs)
+    assert all(drawn[k] == 1 for k in design), drawn
+    assert sum(bool(t.user_attrs.get("initial_design")) for t in after) == n
+    assert [t.user_attrs.get("requeued_from") for t in after
+            if "requeued_from" in t.user_attrs] == running
+    # each configuration simulated once (the interrupted trial was never simulated)
+    assert sum(simulated.values()) == n_trials + sum(
+        bool(t.user_attrs.get("rejected")) and "repeat_of" not in t.user_attrs
+        and t.user_attrs.get("wall_s") is not None for t in after)
+    assert max(simulated.values()) == 1
