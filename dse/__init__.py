@@ -15,8 +15,8 @@ or a list), ``budget`` {total_devices, devices_per_node, price_per_device_hour},
 _ ttft|tpot|itl|e2e _ms, attainment {target, ttft_ms, tpot_ms, e2e_ms}}, ``objectives``,
 ``knobs`` (value, list, {values}, or {low, high, step, log}), ``simulator``
 {latency_provider, backend, seed}, ``capacity`` {enabled, start_rate, max_rate, tolerance,
-max_probes}, ``search`` {sampler, n_trials, timeout_s, seed, workers, population_size,
-trial_timeout_s}.
+max_probes}, ``search`` {sampler (auto, nsga2, tpe, random, grid), n_trials, timeout_s, seed, workers,
+population_size, trial_timeout_s, initial_design, local_search}.
 """
 
 from dse.space import Space, load_space, parse_space

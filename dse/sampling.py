@@ -36,6 +36,10 @@ DESIGN_ATTR = "dse.initial_design"
 #: a finite space with more raw combinations than this is not enumerated
 ENUMERATION_LIMIT = 100_000
 
+#: share of the draws after the initial design that are neighbours of the front
+DEFAULT_LOCAL_SEARCH = 0.5
+
+
 _FEASIBLE_CACHE: dict[tuple[str, str, int], list[dict] | None] = {}
 
 
@@ -198,6 +202,143 @@ def enqueue_initial_design(space: Space, study, n_trials: int, seed: int) -> int
     return added
 
 
+class LocalSearchSampler:
+    """Wraps a sampler: after the initial design, a share of the draws (``p``, decided per
+    trial number by ``seed``) are one-knob neighbours of the configurations on the current
+    Pareto front of the feasible trials: one knob moved to the next value of its list (or
+    any other value of a categorical knob), kept only when the result is in the feasible
+    set and no trial (finished, running or rejected) has that configuration yet. The front
+    point is drawn in proportion to the hypervolume it alone dominates, so an isolated
+    corner of the front is refined before a crowded stretch of it. The other
+    draws, and any draw with no such neighbour left, are the wrapped sampler's. It reads
+    only the study, so parallel workers (running trials count as taken) and a resumed study
+    need nothing more."""
+
+    def __init__(self, base, space: Space, feasible: list[dict], p: float, seed: int,
+                 start_after: int) -> None:
+        self.base = base
+        self.space = space
+        self.p = p
+        self.seed = seed
+        self.start_after = start_after
+        self._feasible = {config_key(space, f): f for f in feasible}
+        self._values = {k: list(space.knobs[k].finite_values() or [])
+                        for k in space.searched_knobs}
+        self._numeric = {k: all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                for v in vals) for k, vals in self._values.items()}
+        self._picked: dict[int, dict] = {}
+
+    def __getattr__(self, name):  # anything else Optuna asks of a sampler: the wrapped one
+        return getattr(self.base, name)
+
+    # ------------------------------------------------------------ Optuna's sampler API
+    def infer_relative_search_space(self, study, trial):
+        return self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        picked = self._picked.get(trial.number)
+        if picked is not None:
+            return {k: picked[k] for k in search_space if k in picked}
+        return self.base.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, name, distribution):
+        picked = self._picked.get(trial.number)
+        if picked is not None and name in picked:
+            return picked[name]
+        return self.base.sample_independent(study, trial, name, distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self.base.before_trial(study, trial)
+        if trial.system_attrs.get("fixed_params"):
+            return  # enqueued: the design, or a re-run after an interruption
+        rng = np.random.default_rng([self.seed, trial.number])
+        if rng.random() >= self.p:
+            return
+        picked = self._neighbour(study, rng)
+        if picked is not None:
+            self._picked[trial.number] = picked
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._picked.pop(trial.number, None)
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+    # ------------------------------------------------------------ neighbours
+    def _neighbour(self, study, rng) -> dict | None:
+        from optuna.trial import TrialState
+
+        from dse.metrics import pareto_mask
+
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+                and "repeat_of" not in t.user_attrs]
+        if len(done) < self.start_after:
+            return None
+        taken = set()
+        for t in trials:
+            p = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+            if p:
+                taken.add(config_key(self.space, self.space.complete(p)))
+        feas = [t for t in done if all(v <= 0 for v in (t.constraints or {}).values())]
+        if not feas:
+            return None
+        dirs = ["maximize" if d.name == "MAXIMIZE" else "minimize" for d in study.directions]
+        front = [feas[i] for i in np.flatnonzero(
+            pareto_mask(np.array([t.values for t in feas], float), dirs))]
+        weights = _contributions(np.array([t.values for t in front], float),
+                                 np.array([t.values for t in feas], float), dirs)
+        for i in rng.choice(len(front), size=len(front), replace=False, p=weights):
+            base = {k: front[i].params[k] for k in self._values if k in front[i].params}
+            cands: dict[str, dict] = {}
+            for k, vals in self._values.items():
+                if k not in base or base[k] not in vals:
+                    continue
+                j = vals.index(base[k])
+                others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
+                          if self._numeric[k] else [v for v in vals if v != base[k]])
+                for v in others:
+                    key = config_key(self.space, self.space.complete({**base, k: v}))
+                    if key in self._feasible and key not in taken:
+                        cands.setdefault(key, self._feasible[key])
+            if cands:
+                keys = sorted(cands)
+                return dict(cands[keys[int(rng.integers(len(keys)))]])
+        return None
+
+
+def _contributions(values: np.ndarray, seen: np.ndarray, dirs: list[str]) -> np.ndarray:
+    """Probabilities over front points ``values``, in proportion to the hypervolume each
+    alone dominates (two objectives; the reference point is the worst value of each
+    objective among the feasible trials ``seen``, 1% of the range further; points with
+    equal values share theirs; every point keeps a tenth of a uniform share). With more
+    objectives, or nothing to measure, uniform."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0)
+    if values.shape[1] != 2 or n == 1:
+        return np.full(n, 1.0 / n)
+    sign = np.array([-1.0 if d == "maximize" else 1.0 for d in dirs])
+    v = values * sign  # minimise both
+    w_all = seen * sign
+    span = np.ptp(w_all, axis=0)
+    ref = w_all.max(axis=0) + np.where(span > 0, 0.01 * span, 1.0)
+    uniq, inv = np.unique(v, axis=0, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    order = np.argsort(uniq[:, 0], kind="stable")
+    c = np.zeros(len(uniq))
+    for r, u in enumerate(order):
+        right = uniq[order[r + 1], 0] if r + 1 < len(order) else ref[0]
+        up = uniq[order[r - 1], 1] if r > 0 else ref[1]
+        c[u] = max(0.0, right - uniq[u, 0]) * max(0.0, up - uniq[u, 1])
+    share = c[inv] / np.bincount(inv)[inv]
+    total = share.sum()
+    w = share / total if total > 0 else np.full(n, 1.0 / n)
+    w = 0.9 * w + 0.1 / n
+    return w / w.sum()
+
+
 def make_sampler(space: Space, seed: int, deterministic: bool, n_trials: int | None = None):
     """The Optuna sampler of ``space.search`` (``grid`` enqueues the grid and draws the rest
     at random). TPE is multivariate with ``constant_liar`` while several trials are in
@@ -207,14 +348,26 @@ def make_sampler(space: Space, seed: int, deterministic: bool, n_trials: int | N
 
     s = space.search
     sampler = resolved_sampler(space)
+    n_design = design_size(space, n_trials or s.n_trials, seed)
     if sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=seed)
-    if sampler == "tpe":
-        startup = design_size(space, n_trials or s.n_trials, seed) or 10
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                          n_startup_trials=startup,
+        base = optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=seed)
+    elif sampler == "tpe":
+        base = optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                          n_startup_trials=n_design or 10,
                                           constant_liar=not deterministic)
-    return optuna.samplers.RandomSampler(seed=seed)
+    else:
+        return optuna.samplers.RandomSampler(seed=seed)
+    p = local_search_share(space)
+    feasible = feasible_set(space)
+    if p > 0 and feasible:
+        return LocalSearchSampler(base, space, feasible, p, seed, max(1, n_design))
+    return base
+
+
+def local_search_share(space: Space) -> float:
+    """The share of draws that are neighbours of the front (``search.local_search``)."""
+    v = getattr(space.search, "local_search", None)
+    return DEFAULT_LOCAL_SEARCH if v is None else float(v)
 
 
 def sampler_settings(space: Space, seed: int, deterministic: bool,

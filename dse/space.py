@@ -278,6 +278,8 @@ class SearchSettings:
     trial_timeout_s: float
     #: configurations of the initial design (dse.sampling); None: the sampler's default
     initial_design: int | None = None
+    #: share of draws that are one-knob neighbours of the front (dse.sampling); None: default
+    local_search: float | None = None
 
 
 @dataclass(frozen=True)
@@ -572,8 +574,10 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     # ---- search settings
     se = _Map(top.get("search"), "search", ("sampler", "n_trials", "timeout_s", "seed",
                                             "workers", "population_size", "trial_timeout_s",
-                                            "initial_design"))
-    default_sampler = "nsga2" if len(objectives) > 1 else "tpe"
+                                            "initial_design", "local_search"))
+    # auto: TPE after an initial design, with local search on enumerable spaces
+    # (dse.sampling; experiments/search_quality.py measured the choice)
+    default_sampler = "auto"
     search = SearchSettings(
         sampler=se.choice("sampler", SAMPLERS, default_sampler),
         n_trials=se.num("n_trials", 50, integer=True, minimum=1),
@@ -582,7 +586,12 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         workers=se.num("workers", None, integer=True, minimum=0),
         population_size=se.num("population_size", 16, integer=True, minimum=2),
         trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True),
-        initial_design=se.num("initial_design", None, integer=True, minimum=0))
+        initial_design=se.num("initial_design", None, integer=True, minimum=0),
+        local_search=se.num("local_search", None, minimum=0))
+
+    if search.local_search is not None and search.local_search > 1:
+        raise InputError(f"search.local_search: a share of the draws, 0 to 1; got "
+                         f"{search.local_search}")
 
     name = top.get("name")
     if name is None:  # from the file name, made safe for runs/<name>

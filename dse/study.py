@@ -161,7 +161,8 @@ class Driver:
             "space_path": str(Path(self.space.path).resolve()),
             "space_digest": self.space.digest, "study_name": self.space.name,
             "seed": self.seed, "n_trials": self.n_trials,
-            "sampler": sampler_settings(self.space, self.seed, self.deterministic, self.n_trials),
+            "sampler": sampler_settings(self.space, self.seed, self.deterministic,
+                                        self.n_trials),
             "directions": [o.direction for o in self.space.objectives],
             "objectives": [o.name for o in self.space.objectives],
             "constraints": M.constraint_keys(self.space), "versions": versions(),
@@ -380,8 +381,8 @@ class Driver:
                     "slo": self.space.slo, "model": self.space.model,
                     "hardware": list(self.space.hardware),
                     "total_devices": self.space.total_devices,
-                    **{f"sampler.{k}": v for k, v in
-                       sampler_settings(self.space, self.seed, self.deterministic, self.n_trials).items()}},
+                    **{f"sampler.{k}": v for k, v in sampler_settings(
+                        self.space, self.seed, self.deterministic, self.n_trials).items()}},
             tags={"dse.out_dir": str(self.out.resolve()), "dse.space_digest": self.space.digest,
                   **{f"version.{k}": v for k, v in meta["versions"].items()}})
         self.tracker.delete_trial_runs(requeue)

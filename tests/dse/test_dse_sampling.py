@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 
+import numpy as np
 import optuna
 import pytest
 from dse_testkit import write_space
@@ -18,6 +19,7 @@ from dse.config import make_trial_config, precheck
 from dse.pool import LocalPool
 from dse.sampling import (
     DESIGN_ATTR,
+    LocalSearchSampler,
     covering_size,
     design_size,
     enqueue_initial_design,
@@ -94,15 +96,23 @@ def test_design_size_defaults(tmp_path):
     assert design_size(_space(tmp_path, sampler="tpe", initial_design=0), 40) == 0
     assert design_size(_space(tmp_path, sampler="random"), 40) == 0
     assert design_size(_space(tmp_path, sampler="tpe", initial_design=99), 12) == 12
-    tpe = make_sampler(_space(tmp_path, sampler="tpe"), 0, False, 40)
-    assert isinstance(tpe, optuna.samplers.TPESampler)
-    assert tpe._n_startup_trials == 10  # it models from right after the design
+    wrapped = make_sampler(_space(tmp_path, sampler="tpe"), 0, False, 40)
+    assert isinstance(wrapped, LocalSearchSampler)
+    assert isinstance(wrapped.base, optuna.samplers.TPESampler)
+    assert wrapped.base._n_startup_trials == 10  # it models from right after the design
+    assert wrapped.p == 0.5 and wrapped.start_after == 10
+    bare = make_sampler(_space(tmp_path, sampler="tpe", local_search=0), 0, False, 40)
+    assert isinstance(bare, optuna.samplers.TPESampler)
+    assert isinstance(make_sampler(_space(tmp_path, sampler="random"), 0, False, 40),
+                      optuna.samplers.RandomSampler)
 
 
 def test_auto_is_the_default_and_resolves_to_tpe(tmp_path):
     space = _space(tmp_path)
     assert space.search.sampler == "auto"
-    assert isinstance(make_sampler(space, 0, False, 12), optuna.samplers.TPESampler)
+    sampler = make_sampler(space, 0, False, 12)
+    assert isinstance(sampler, LocalSearchSampler)
+    assert isinstance(sampler.base, optuna.samplers.TPESampler)
 
 
 def test_a_search_starts_with_the_design_and_never_draws_it_twice(tmp_path, monkeypatch):
@@ -198,3 +208,36 @@ def test_resume_in_the_middle_of_the_design_neither_repeats_nor_loses(tmp_path, 
         bool(t.user_attrs.get("rejected")) and "repeat_of" not in t.user_attrs
         and t.user_attrs.get("wall_s") is not None for t in after)
     assert max(simulated.values()) == 1
+
+
+def _knob_diff(a: dict, b: dict) -> list[str]:
+    return [k for k in KNOBS if a.get(k) != b.get(k)]
+
+
+def test_local_search_proposes_untried_feasible_neighbours_of_the_front(tmp_path):
+    """Every draw of a search that is all local search (after a 4-point design) is a
+    configuration the check accepts, not tried before, one knob away from a configuration
+    on the front of the feasible trials before it."""
+    from dse.metrics import pareto_mask
+
+    space = _space(tmp_path, sampler="tpe", initial_design=4, local_search=1.0, n_trials=14)
+    s = Driver(space, tmp_path / "out", workers=0, progress=False).run()
+    assert s.rejected == 0 and s.repeats == 0 and s.complete == 14
+    trials = _trials(tmp_path / "out")
+    dirs = [o.direction for o in space.objectives]
+    local = 0
+    for t in trials[4:]:
+        prev = [u for u in trials[:t.number] if u.state == TrialState.COMPLETE
+                and all(v <= 0 for v in u.constraints.values())]
+        if not prev:
+            continue
+        assert precheck(space, make_trial_config(space, 0, t.params)) is None
+        assert config_key(space, t.params) not in {config_key(space, u.params)
+                                                   for u in trials[:t.number]}
+        front = [prev[i] for i in np.flatnonzero(pareto_mask(
+            np.array([u.values for u in prev], float), dirs))]
+        near = [u for u in front if len(_knob_diff(
+            canonical_params(space, t.params), canonical_params(space, u.params))) == 1]
+        assert near, (t.number, t.params, [u.params for u in front])
+        local += 1
+    assert local >= 5

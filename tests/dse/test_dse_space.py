@@ -38,7 +38,7 @@ BAD_CASES = [
      ["objectives[0].direction", "minimize, maximize"]),
     ({"slo": {"p99_latency_ms": 100}}, ["slo", "p99_latency_ms", "p99_ttft_ms", "p50_e2e_ms"]),
     ({"slo": {"p99_ttft_ms": -5}}, ["slo.p99_ttft_ms", "> 0"]),
-    ({"search": {"sampler": "bayes"}}, ["search.sampler", "bayes", "nsga2, tpe, random, grid"]),
+    ({"search": {"sampler": "bayes"}}, ["search.sampler", "bayes", "auto, nsga2, tpe, random, grid"]),
     ({"knobs": {"ep": [1, 2]}}, ["knobs.ep", "MoE", "dense"]),
     ({"knobs": {"all2all_backend": ["naive", "pplx"]}},
      ["knobs.all2all_backend", "pplx", "allgather_reducescatter, naive"]),
