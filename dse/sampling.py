@@ -209,7 +209,10 @@ class LocalSearchSampler:
     any other value of a categorical knob), kept only when the result is in the feasible
     set and no trial (finished, running or rejected) has that configuration yet. The front
     point is drawn in proportion to the hypervolume it alone dominates, so an isolated
-    corner of the front is refined before a crowded stretch of it. The other
+    corner of the front is refined before a crowded stretch of it. Half the time (when
+    there are any) the base point is instead one that would beat that front but breaks
+    an SLO (on the front of all trials, feasible or not): its neighbours reach for the
+    edge of the feasible region, where the best feasible configurations often are. The other
     draws, and any draw with no such neighbour left, are the wrapped sampler's. It reads
     only the study, so parallel workers (running trials count as taken) and a resumed study
     need nothing more."""
@@ -282,13 +285,36 @@ class LocalSearchSampler:
             if p:
                 taken.add(config_key(self.space, self.space.complete(p)))
         feas = [t for t in done if all(v <= 0 for v in (t.constraints or {}).values())]
-        if not feas:
-            return None
         dirs = ["maximize" if d.name == "MAXIMIZE" else "minimize" for d in study.directions]
-        front = [feas[i] for i in np.flatnonzero(
-            pareto_mask(np.array([t.values for t in feas], float), dirs))]
-        weights = _contributions(np.array([t.values for t in front], float),
-                                 np.array([t.values for t in feas], float), dirs)
+
+        def front_of(ts):
+            if not ts:
+                return []
+            vals = np.array([t.values for t in ts], float)
+            return [ts[i] for i in np.flatnonzero(pareto_mask(vals, dirs))]
+
+        # the front of the feasible trials, each point drawn by its hypervolume share; and
+        # the points that would beat it but break an SLO (the front of every trial, less
+        # the feasible ones): their neighbours reach toward the edge of the feasible region
+        front = front_of(feas)
+        ids = {t.number for t in front}
+        beyond = [t for t in front_of(done) if t.number not in ids]
+        sources = []
+        if front:
+            sources.append((front, _contributions(
+                np.array([t.values for t in front], float),
+                np.array([t.values for t in feas], float), dirs)))
+        if beyond:
+            sources.append((beyond, np.full(len(beyond), 1.0 / len(beyond))))
+        if len(sources) == 2 and rng.random() < 0.5:
+            sources.reverse()
+        for points, weights in sources:
+            picked = self._neighbour_of(points, weights, taken, rng)
+            if picked is not None:
+                return picked
+        return None
+
+    def _neighbour_of(self, front, weights, taken, rng) -> dict | None:
         for i in rng.choice(len(front), size=len(front), replace=False, p=weights):
             base = {k: front[i].params[k] for k in self._values if k in front[i].params}
             cands: dict[str, dict] = {}
