@@ -74,9 +74,12 @@ def feasible_set(space: Space, limit: int = ENUMERATION_LIMIT) -> list[dict] | N
 
 
 def resolved_sampler(space: Space) -> str:
-    """The sampler a search runs: ``auto`` resolves to TPE (see README, search quality)."""
+    """The sampler a search runs: ``auto`` is NSGA-II (with the initial design and local
+    search where the space can be enumerated): on the quickstart grid it reached the most
+    of the brute-force front's hypervolume in the worst of five seeds with 5% of the grid
+    (experiments/search_quality.py; README, "How a study runs")."""
     s = space.search.sampler
-    return "tpe" if s == "auto" else s
+    return "nsga2" if s == "auto" else s
 
 
 def design_size(space: Space, n_trials: int, seed: int = 0) -> int:

@@ -575,7 +575,7 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
     se = _Map(top.get("search"), "search", ("sampler", "n_trials", "timeout_s", "seed",
                                             "workers", "population_size", "trial_timeout_s",
                                             "initial_design", "local_search"))
-    # auto: TPE after an initial design, with local search on enumerable spaces
+    # auto: NSGA-II after an initial design, with local search on enumerable spaces
     # (dse.sampling; experiments/search_quality.py measured the choice)
     default_sampler = "auto"
     search = SearchSettings(

@@ -107,12 +107,19 @@ def test_design_size_defaults(tmp_path):
                       optuna.samplers.RandomSampler)
 
 
-def test_auto_is_the_default_and_resolves_to_tpe(tmp_path):
-    space = _space(tmp_path)
+def test_auto_is_the_default_and_resolves_to_nsga2(tmp_path):
+    space = _space(tmp_path, population_size=8)
     assert space.search.sampler == "auto"
     sampler = make_sampler(space, 0, False, 12)
     assert isinstance(sampler, LocalSearchSampler)
-    assert isinstance(sampler.base, optuna.samplers.TPESampler)
+    assert isinstance(sampler.base, optuna.samplers.NSGAIISampler)
+    assert design_size(space, 40) == 8  # its first generation
+    # a space that cannot be enumerated: plain NSGA-II, no design
+    inf = load_space(write_space(tmp_path, "inf.yaml", knobs={
+        "tp": [1, 2], "max_num_seqs": {"low": 8, "high": 256, "log": True}},
+        search={"n_trials": 12}))
+    assert design_size(inf, 12) == 0
+    assert isinstance(make_sampler(inf, 0, False, 12), optuna.samplers.NSGAIISampler)
 
 
 def test_a_search_starts_with_the_design_and_never_draws_it_twice(tmp_path, monkeypatch):
