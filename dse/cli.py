@@ -205,7 +205,10 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
         cells = []
         for c in cols:
             v = row[c]
-            cells.append(f"{v:.4g}" if isinstance(v, float) and c != "trial" else str(v))
+            if v is None or (isinstance(v, float) and v != v):
+                cells.append("-")  # a knob with no effect on this configuration, or no value
+            else:
+                cells.append(f"{v:.4g}" if isinstance(v, float) and c != "trial" else str(v))
         t.add_row(*cells)
     console.print(t)
     return 0
