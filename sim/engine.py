@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from astrasim import GraphBuilder
 
@@ -31,7 +31,7 @@ from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
-from sim.topology import (Topology, check_links, instance_topology, link_between,
+from sim.topology import (Topology, check_links, group_topology, instance_topology, link_between,
                           transfer_topology)
 from sim.workload import Workload
 
@@ -431,7 +431,11 @@ class Simulator:
         self.instances = build_instances(cluster, opts)
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
-        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
+        self.moe_wave = MoEWave(self.backend,
+                                lambda members, npus: group_topology(cluster, members, npus),
+                                lambda inst, tp: _resolve_provider(
+                                    inst.provider.kind, replace(inst.config, tp_size=tp),
+                                    inst.model, inst.opts, cluster.source))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:

@@ -225,6 +225,22 @@ def transfer_topology(link: Link, npus: int = 2) -> Topology:
     return Topology((Dim(npus, link),))
 
 
+def group_topology(cluster: ClusterConfig, members: list[InstanceConfig] | tuple,
+                   npus: int) -> Topology:
+    """``npus`` NPUs, one rank from each of a group of instances (an MoE layer's DP or EP
+    group exchanging tokens), joined by the link between them: the intra-node link when
+    every member is on one node, else the scale-out one; running the cluster's collective
+    algorithm for that link, with the NPU's memory bandwidth for the reductions."""
+    first = members[0]
+    one_node = all(m.node_id == first.node_id for m in members)
+    intra, inter = _cluster_algorithms(cluster)
+    if one_node:
+        link, algo = intra_node_link(cluster, first), intra
+    else:
+        link, algo = inter_node_link(cluster, first), inter
+    return Topology((Dim(npus, link, algo),), local_mem_bw_GBps=first.npu_mem.mem_bw_GBps)
+
+
 def cluster_topology(cluster: ClusterConfig, npus_per_node: int) -> Topology:
     """The whole cluster as one network: dimension 0 a node's NPUs, dimension 1 the nodes."""
     first = cluster.instances[0]
