@@ -130,7 +130,8 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o.validate()
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                      _dp_size(cluster, inst))
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
         for node in cluster.nodes:
@@ -213,6 +214,13 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                                  "every instance of the node to serve the same model")
 
 
+def _dp_size(cluster: ClusterConfig, inst: InstanceConfig) -> int:
+    """Members of ``inst``'s DP group (1 outside one)."""
+    if inst.dp_group is None:
+        return 1
+    return sum(1 for i in cluster.instances if str(i.dp_group) == str(inst.dp_group))
+
+
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
     check_links(cluster)
@@ -220,7 +228,8 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
         model = instance_model(inst, o)
-        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                               _dp_size(cluster, inst))
         blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:

@@ -161,8 +161,9 @@ def activation_peak_bytes(model: ModelSpec, tp: int, ep: int, max_num_batched_to
                hidden + sampler_peak_bytes(model, reqs))
 
 
-def non_torch_bytes(inst: InstanceConfig) -> int:
-    grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1
+def non_torch_bytes(inst: InstanceConfig, dp: int = 1) -> int:
+    """A worker in any multi-GPU group (TP, PP, EP, or the DP group's communicators)."""
+    grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1 or dp > 1
     return NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if grouped else 0)
 
 
@@ -178,17 +179,24 @@ def pp_stage_layers(num_layers: int, pp: int) -> list[int]:
 
 
 def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
-                  max_num_batched_tokens: int, max_num_seqs: int) -> MemoryBudget:
+                  max_num_batched_tokens: int, max_num_seqs: int, dp: int = 1) -> MemoryBudget:
     """vLLM's memory accounting for ``inst``: each pipeline stage's worker profiles its
     own memory (its layers' weights, the embedding on the first stage, the lm_head and
     the dummy sampler run on the last) and sizes its cache for its own layers; the engine
     keeps the smallest block count across workers. Returns the binding stage's accounting;
-    raises InputError (naming the instance and the shortfall) when no KV block fits."""
+    raises InputError (naming the instance and the shortfall) when no KV block fits.
+
+    ``dp`` is the size of the instance's DP group. An MoE model's experts in a DP group
+    without expert parallelism are sharded over all dp x tp ranks (vLLM's
+    flatten_tp_across_dp), which holds the same bytes per rank as dp x tp expert-parallel
+    ranks, and the profile run's MoE layers see the tokens of the whole group either way."""
     total = device_total_bytes(inst)
     util = inst.npu_mem.mem_util
     requested = int(total * util)
     tp, pp, ep = inst.tp_size, inst.pp_size, inst.ep_size
-    other = non_torch_bytes(inst)
+    if model.is_moe and ep == 1 and dp > 1:
+        ep = dp * tp
+    other = non_torch_bytes(inst, dp)
     rotary = model.max_position_embeddings * model.head_dim * model.dtype_bytes
     kv_per_layer = model.kv_bytes_per_token(tp, 1) // model.num_hidden_layers * block_size
     tokens, _ = profile_tokens(max_num_batched_tokens, max_num_seqs)

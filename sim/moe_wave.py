@@ -30,8 +30,22 @@ With one DP rank (a single instance whose TP ranks are its EP ranks) there is no
 every TP rank holds all tokens, runs its experts, and the TP all-reduce after the MoE
 layer (part of the instance's iteration graph) combines them.
 
-The collectives are timed by the system backend on the DP group's network (one rank per
-member; memoised by size, as decode steps repeat them).
+With TP > 1 as well as DP > 1 and expert parallelism, vLLM 0.19 runs *sequence-parallel
+MoE* (``use_sequence_parallel_moe``; allgather_reducescatter and DeepEP): each TP rank takes
+its 1/tp slice of the DP rank's tokens into the MoE layer, the exchange runs over the whole
+EP group (dp x tp ranks), and the TP group all-gathers the MoE output instead of
+all-reducing it. With ``naive`` every TP rank exchanges all its tokens over its DP group
+and the TP all-reduce stays.
+
+A DP group *without* expert parallelism (ep_size 1) still gathers every DP rank's tokens
+into each MoE layer (vLLM dispatches whenever dp > 1), but every rank holds every expert,
+its intermediate dimension sharded over all dp x tp ranks (``flatten_tp_across_dp``): each
+rank runs all gathered tokens through all experts on its 1/(dp x tp) shard.
+
+The collectives are timed by the system backend on the group's network as sim.topology
+describes it (the link between the members, in decimal GB/s, its hops, the cluster's
+collective algorithm; one rank per member, or per TP rank in sequence-parallel MoE),
+memoised by size, as decode steps repeat them.
 """
 
 from __future__ import annotations

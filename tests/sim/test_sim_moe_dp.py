@@ -438,3 +438,19 @@ def test_tp_and_dp_with_expert_parallelism_run_sequence_parallel_moe():
     assert ns.ranks[0].dense_ns > step.ranks[0].dense_ns
     naive.close()
     s.close()
+
+
+def test_dp_group_without_expert_parallelism_holds_a_dp_share_of_the_experts():
+    # flatten_tp_across_dp: each of the dp * tp ranks holds 1/(dp * tp) of every expert,
+    # so a DP2 group without EP has the expert weights of a DP2 x EP2 one per rank (and
+    # so the same KV room, NCCL buffers included). Before, each member was charged all the
+    # experts.
+    s_ep1 = Simulator(_cluster(ep=1), OPTS)
+    s_ep2 = Simulator(_cluster(ep=2), OPTS)
+    a, b = s_ep1.instances[0].memory, s_ep2.instances[0].memory
+    assert a.weight_bytes == b.weight_bytes
+    assert a.num_blocks == b.num_blocks
+    alone = Simulator(_cluster(members=1, ep=1, dp_group=None), OPTS).instances[0].memory
+    assert alone.weight_bytes > 1.5 * a.weight_bytes
+    s_ep1.close()
+    s_ep2.close()
