@@ -142,3 +142,19 @@ def test_bad_network_fields_exit_2_with_one_line(tmp_path, top, fragment):
     assert p.returncode == 2
     assert fragment in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_group_topology_of_an_moe_exchange_follows_where_the_members_are():
+    from sim.topology import group_topology
+    c = _cluster(tp=1, nodes=2, link_bw=[400, 25], link_latency=[500, 5000],
+                 collective_algorithm=["ring", "direct"])
+    a, b = c.instances
+    # members on two nodes: the scale-out link and the cluster's inter-node algorithm
+    apart = group_topology(c, [a, b], 2)
+    assert apart.npus == 2 and apart.dims[0].algorithm == "direct"
+    assert (apart.dims[0].link.bw_GBps, apart.dims[0].link.latency_ns) == (25, 5000)
+    assert apart.system()["local-mem-bw"] == 3350
+    # on one node: the intra-node link (decimal GB/s into ASTRA-Sim's unit) and algorithm
+    together = group_topology(c, [a, a], 4)
+    assert together.npus == 4 and together.dims[0].algorithm == "ring"
+    assert together.network()["bandwidth"] == [pytest.approx(400 * ASTRA_GBPS)]
