@@ -31,8 +31,8 @@ from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
-from sim.topology import (Topology, check_links, group_topology, instance_topology, link_between,
-                          transfer_topology)
+from sim.topology import (ASTRA, Link, Topology, check_links, group_topology, instance_topology,
+                          intra_node_link, link_between, transfer_topology)
 from sim.workload import Workload
 
 
@@ -256,10 +256,12 @@ def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, o
         raise InputError(f"{cluster.source}: nodes[{node.node_id}] has too few {dev.name} PIM "
                          f"devices to give instance {inst.instance_id} one")
     if opts.pim_mode == "local":
-        bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+        # host memory's bus, given to ASTRA-Sim as LLMServingSim gives it (unchanged, one hop)
+        link = Link("FullyConnected", node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns,
+                    "host memory", ASTRA)
     else:
-        bw, lat = _link(cluster, inst, inst)
-    return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
+        link = intra_node_link(cluster, inst)
+    return PimAttention(dev, devices, model, inst.tp_size, link)
 
 
 def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
@@ -297,8 +299,7 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
     steady-state difference (layer-block reuse)."""
     layers = inst.model.num_hidden_layers
     pim = inst.pim
-    network = {"topology": ["FullyConnected"], "npus_count": [2],
-               "bandwidth": [pim.link_bw_GBps], "latency": [pim.link_latency_ns]}
+    network = transfer_topology(pim.link)
 
     def sub_batch(part: BatchShape, nd: int, kv_sum: int, kv_max: int):
         npu_shape = BatchShape(part.num_tokens, part.num_seqs, part.prefill_tokens,
@@ -330,12 +331,6 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
         return ends + t1
     t2 = backend.run_graphs(network, _pim_layers_graph(2, subs), name="pim2")
     return int(ends + t1 + (layers - 1) * (t2 - t1))
-
-
-def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
-    link = link_between(cluster, a, b)
-    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,

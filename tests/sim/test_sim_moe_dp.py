@@ -108,7 +108,7 @@ from astrasim import GraphBuilder  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from sim.engine import Simulator  # noqa: E402
-from sim.topology import Dim, Link, Topology, group_topology  # noqa: E402
+from sim.topology import ASTRA, Dim, Link, Topology, group_topology  # noqa: E402
 from sim.latency.base import BatchShape  # noqa: E402
 from sim.moe_wave import (cudagraph_size, dp_padded_tokens, exchange_graphs,  # noqa: E402
                           ranks_hit_fraction)
@@ -136,17 +136,20 @@ def _ag_rs_ns(s, dp, tokens_per_rank, model, bw=64, lat=1000):
         d = b.all_gather(tokens_per_rank * (row + logits), involved_dim=[True])
         b.reduce_scatter(total * row, involved_dim=[True], deps=[d])
         graphs[r] = b.build()
-    # the cluster's one network description: its link (H100: NVLink through a switch) in
-    # decimal GB/s, per-hop latency, the NPU's memory bandwidth for the reduction
-    net = Topology((Dim(dp, Link("Switch", bw, lat)),), local_mem_bw_GBps=3350)
+    # the cluster's one network description: the file's link as LLMServingSim gives it to
+    # ASTRA-Sim (FullyConnected, its 2^30 B/s unit, latency per message), the NPU's memory
+    # bandwidth for the reduction
+    net = Topology((Dim(dp, Link("FullyConnected", bw, lat, unit=ASTRA)),),
+                   local_mem_bw_GBps=3350)
     return s.backend.run_graphs(net, graphs)
 
 
-def test_exchange_runs_on_the_clusters_network_in_decimal_gbps():
-    # Before, the exchange built its own FullyConnected network and handed link_bw to
-    # ASTRA-Sim as its 2^30 B/s unit (7% too fast) with one hop where the hardware's link
-    # runs through a switch (two). Now it is sim.topology's description of the link:
-    # a 2-rank ring all-gather / reduce-scatter is one step, two hops on a switch.
+def test_exchange_runs_on_the_clusters_network_as_the_file_gives_it():
+    # The exchange runs on sim.topology's description of the link. The cluster file's
+    # link_bw / link_latency are LLMServingSim's: the GPU-to-GPU path as a FullyConnected
+    # ASTRA-Sim network, bandwidth in its 2^30 B/s unit, latency per message; a 2-rank ring
+    # all-gather / reduce-scatter is one step, one message. (The hardware's switch and its
+    # two hops apply only to the catalogue's links: test_catalogue_exchange_... below.)
     s, gate = _wave(_cluster(link_bw=10))
     model = s.instances[0].model
     tokens = 2048  # large enough for the bandwidth term to dominate
@@ -155,11 +158,31 @@ def test_exchange_runs_on_the_clusters_network_in_decimal_gbps():
     logits = model.num_experts * model.dtype_bytes
     ag = tokens * (row + logits)              # each rank's contribution, sent once
     rs = 2 * tokens * row // 2                # half the gathered outputs, sent once
-    wire_ns = (ag + rs) / 10.0                # 10 GB/s decimal = 10 bytes per ns
-    hops_ns = 2 * 2 * 1000                    # two steps, two hops each, 1000 ns a hop
+    wire_ns = (ag + rs) / (10 * (1 << 30) / 1e9)  # 10 x 2^30 B/s
+    hops_ns = 2 * 1000                        # two steps, one message each, 1000 ns
     assert t == pytest.approx(wire_ns + hops_ns, rel=0.01)
     net = group_topology(s.cluster, [i.config for i in s.instances], 2)
-    assert net.dims[0].link.topology == "Switch" and net.dims[0].link.bw_GBps == 10
+    assert net.network()["topology"] == ["FullyConnected"] and net.network()["bandwidth"] == [10]
+    s.close()
+
+
+def test_catalogue_exchange_crosses_the_switch_in_decimal_gbps():
+    # no link fields: H100's NVLink from the catalogue, 450 GB/s decimal per direction
+    # through NVSwitch, two hops of 300 ns per message; the reduce-scatter's reduction at
+    # the NPU's 3350 GB/s (one write, two reads), an endpoint delay per bundle (four)
+    c = _cluster()
+    raw = {k: v for k, v in c.raw.items() if k not in ("link_bw", "link_latency")}
+    s, gate = _wave(sim.parse_cluster(raw))
+    model = s.instances[0].model
+    tokens = 2048
+    t = s.moe_wave._exchange_ns(s.instances, [tokens, tokens])
+    row = model.hidden_size * model.dtype_bytes
+    logits = model.num_experts * model.dtype_bytes
+    wire_ns = (tokens * (row + logits) + tokens * row) / 450.0
+    reduce_ns = 3 * tokens * row / 3350.0
+    assert t == pytest.approx(wire_ns + 2 * 2 * 300 + reduce_ns + 4 * 10, abs=2)
+    net = group_topology(s.cluster, [i.config for i in s.instances], 2)
+    assert net.dims[0].link.topology == "Switch" and net.dims[0].link.bw_GBps == 450
     s.close()
 
 

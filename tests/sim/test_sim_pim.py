@@ -123,13 +123,13 @@ def test_bad_pim_inputs_exit_2(tmp_path):
 @pytest.mark.parametrize("interleave", [False, True])
 def test_two_layer_extrapolation_equals_the_full_pim_graph(interleave):
     from sim.engine import _pim_layers_graph
+    from sim.topology import transfer_topology
 
     opts = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True)
     simulator = Simulator(_cluster(), opts)
     inst, backend = simulator.instances[0], simulator.backend
     pim = inst.pim
-    net = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [pim.link_bw_GBps],
-           "latency": [pim.link_latency_ns]}
+    net = transfer_topology(pim.link)
     subs = [(30_000, 12_000, 50_000, 4096), (30_000, 9_000, 50_000, 4096)][: 2 if interleave else 1]
     t1 = backend.run_graphs(net, _pim_layers_graph(1, subs))
     t2 = backend.run_graphs(net, _pim_layers_graph(2, subs))
