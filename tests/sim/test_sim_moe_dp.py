@@ -364,11 +364,11 @@ def test_replay_of_the_real_dp2_ep2_run_tracks_its_decode_speed():
     real_tpot = sum((r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1)
                     for r in rows) / len(rows) * 1e3
     real_e2e = sum(r["last_token_ts"] - r["queued_ts"] for r in rows) / len(rows) * 1e3
-    # The exchange now runs on sim.topology's description of the cluster's PCIe link
-    # (decimal GB/s; two hops of link_latency through the switch per collective step),
-    # which put this run's TPOT at +9% (it was +5% with ASTRA-Sim's binary GB/s and one hop).
-    assert res.summary["tpot_ms"]["mean"] == pytest.approx(real_tpot, rel=0.11)
-    assert res.summary["latency_ms"]["mean"] == pytest.approx(real_e2e, rel=0.11)
+    # The exchange runs on sim.topology's description of the cluster file's link, as
+    # LLMServingSim gives it to ASTRA-Sim (16 x 2^30 B/s, one 20 us message per collective
+    # step): TPOT +5.2%, E2E from arrival +5.7% (README, the MoE case).
+    assert res.summary["tpot_ms"]["mean"] == pytest.approx(real_tpot, rel=0.08)
+    assert res.summary["latency_ms"]["mean"] == pytest.approx(real_e2e, rel=0.08)
 
 
 @pytest.mark.parametrize("provider", ["measured", "roofline", "aic"])
