@@ -43,7 +43,8 @@ its intermediate dimension sharded over all dp x tp ranks (``flatten_tp_across_d
 rank runs all gathered tokens through all experts on its 1/(dp x tp) shard.
 
 The collectives are timed by the system backend on the group's network as sim.topology
-describes it (the link between the members, in decimal GB/s, its hops, the cluster's
+describes it (the link between the members: the cluster file's GPU-to-GPU values as
+LLMServingSim gives them to ASTRA-Sim, else the catalogue's physical link; the cluster's
 collective algorithm; one rank per member, or per TP rank in sequence-parallel MoE),
 memoised by size, as decode steps repeat them.
 """
