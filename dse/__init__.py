@@ -10,7 +10,9 @@ child run per trial under one parent run (``sqlite:///DIR/mlflow.db`` by default
 
 Space file fields (see ``search_spaces/quickstart.yaml``): ``model``, ``hardware`` (a name
 or a list), ``budget`` {total_devices, devices_per_node, price_per_device_hour},
-``cluster`` {link_bw, link_latency, cpu_mem, mem_util, npu_mem_size, npu_mem_bw},
+``cluster`` {link_bw, link_latency, cpu_mem, mem_util, npu_mem_size, npu_mem_bw} (link_bw /
+link_latency as a cluster file reads them, sim/topology.py: the GPU-to-GPU path, ASTRA-Sim's
+2^30 B/s, ns per message; left out, the hardware catalogue's physical link),
 ``workload`` {file, limit} or {generate: sim workload spec}, ``slo`` {p50|p90|p95|p99|mean
 _ ttft|tpot|itl|e2e _ms, attainment {target, ttft_ms, tpot_ms, e2e_ms}}, ``objectives``,
 ``knobs`` (value, list, {values}, or {low, high, step, log}), ``simulator``

@@ -80,13 +80,13 @@ def build_cluster(space: Space, params: dict) -> dict:
                                        for o in space.objectives):
             node["power"] = cd.get("power") or default_power_block(hw, info)
         nodes.append(node)
-    out = {
-        "num_nodes": len(nodes),
-        "link_bw": cd.get("link_bw") or info.link_bw_GBps or 16.0,
-        "link_latency": cd.get("link_latency") if cd.get("link_latency") is not None
-        else (info.link_latency_ns or 0),
-        "nodes": nodes,
-    }
+    # The space's own link figures, as a cluster file reads them (sim/topology.py: the
+    # GPU-to-GPU path, 2^30 B/s, ns per message); left out, the catalogue's physical link.
+    out: dict[str, Any] = {"num_nodes": len(nodes)}
+    for key in ("link_bw", "link_latency"):
+        if cd.get(key) is not None:
+            out[key] = cd[key]
+    out["nodes"] = nodes
     if params.get("collective_algorithm", "ring") != "ring":
         out["collective_algorithm"] = params["collective_algorithm"]
     if params.get("prefix_tier", "npu") == "cxl":

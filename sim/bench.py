@@ -124,8 +124,8 @@ def bench_cluster(args) -> dict:
         if dp > 1:
             inst["dp_group"] = "dp"
     instances = [dict(inst) for _ in range(dp)]
-    return {"num_nodes": 1, "link_bw": hw.link_bw_GBps, "link_latency": hw.link_latency_ns,
-            "nodes": [{"num_instances": dp, "instances": instances}]}
+    # no link_bw / link_latency: the catalogue's physical link (sim/topology.py)
+    return {"num_nodes": 1, "nodes": [{"num_instances": dp, "instances": instances}]}
 
 
 # ---------------------------------------------------------------------- workload

@@ -77,8 +77,12 @@ class NodeConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    #: per direction, decimal GB/s; a number or one per dimension; None: the hardware's
+    #: the GPU-to-GPU path as LLMServingSim gives it to ASTRA-Sim (sim/topology.py): per
+    #: direction in ASTRA-Sim's "GB/s" (2^30 B/s); a number or one per dimension (intra-node,
+    #: inter-node); None: the hardware catalogue's link (decimal GB/s on its topology)
     link_bw_GBps: float | list | None = None
+    #: ns per message (one FullyConnected hop); a number or one per dimension; None: the
+    #: hardware catalogue's per-hop latency on its topology
     link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
     source: str = "<cluster>"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from astrasim import GraphBuilder
 
@@ -31,8 +31,8 @@ from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
-from sim.topology import (Topology, check_links, instance_topology, link_between,
-                          transfer_topology)
+from sim.topology import (ASTRA, Link, Topology, check_links, group_topology, instance_topology,
+                          intra_node_link, link_between, transfer_topology)
 from sim.workload import Workload
 
 
@@ -130,7 +130,8 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
         o.validate()
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                      _dp_size(cluster, inst))
     PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
     if opts.enable_attn_offloading:
         for node in cluster.nodes:
@@ -213,6 +214,13 @@ def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
                                  "every instance of the node to serve the same model")
 
 
+def _dp_size(cluster: ClusterConfig, inst: InstanceConfig) -> int:
+    """Members of ``inst``'s DP group (1 outside one)."""
+    if inst.dp_group is None:
+        return 1
+    return sum(1 for i in cluster.instances if str(i.dp_group) == str(inst.dp_group))
+
+
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
     check_links(cluster)
@@ -220,7 +228,8 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
         model = instance_model(inst, o)
-        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                               _dp_size(cluster, inst))
         blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
@@ -247,10 +256,12 @@ def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, o
         raise InputError(f"{cluster.source}: nodes[{node.node_id}] has too few {dev.name} PIM "
                          f"devices to give instance {inst.instance_id} one")
     if opts.pim_mode == "local":
-        bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+        # host memory's bus, given to ASTRA-Sim as LLMServingSim gives it (unchanged, one hop)
+        link = Link("FullyConnected", node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns,
+                    "host memory", ASTRA)
     else:
-        bw, lat = _link(cluster, inst, inst)
-    return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
+        link = intra_node_link(cluster, inst)
+    return PimAttention(dev, devices, model, inst.tp_size, link)
 
 
 def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
@@ -288,8 +299,7 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
     steady-state difference (layer-block reuse)."""
     layers = inst.model.num_hidden_layers
     pim = inst.pim
-    network = {"topology": ["FullyConnected"], "npus_count": [2],
-               "bandwidth": [pim.link_bw_GBps], "latency": [pim.link_latency_ns]}
+    network = transfer_topology(pim.link)
 
     def sub_batch(part: BatchShape, nd: int, kv_sum: int, kv_max: int):
         npu_shape = BatchShape(part.num_tokens, part.num_seqs, part.prefill_tokens,
@@ -321,12 +331,6 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
         return ends + t1
     t2 = backend.run_graphs(network, _pim_layers_graph(2, subs), name="pim2")
     return int(ends + t1 + (layers - 1) * (t2 - t1))
-
-
-def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
-    link = link_between(cluster, a, b)
-    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -431,7 +435,11 @@ class Simulator:
         self.instances = build_instances(cluster, opts)
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
-        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
+        self.moe_wave = MoEWave(self.backend,
+                                lambda members, npus: group_topology(cluster, members, npus),
+                                lambda inst, tp: _resolve_provider(
+                                    inst.provider.kind, replace(inst.config, tp_size=tp),
+                                    inst.model, inst.opts, cluster.source))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
