@@ -38,9 +38,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Protocol
 
-import yaml
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
-from astrasim.et import LinkingWriter
 
 from sim.errors import InputError
 from sim.graph_generator import build_graphs, stage_transfer_graphs
@@ -330,6 +328,8 @@ class AstraSubprocessBackend(_GraphBackend):
         #: workload lines answered
         self.exchanges = 0
         self._pending: dict[int, bytes] = {}  # pid -> output read but not yet consumed
+        from astrasim.et import LinkingWriter
+
         self._writer = LinkingWriter()
 
     def _command(self, folder: Path) -> list[str]:
@@ -350,6 +350,8 @@ class AstraSubprocessBackend(_GraphBackend):
             return entry
         folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
+        import yaml
+
         (folder / "network.yml").write_text(yaml.safe_dump(network_dict(network),
                                                            default_flow_style=None))
         (folder / "system.json").write_text(json.dumps(system_dict(network)))
