@@ -83,8 +83,10 @@ def _ids(obj: dict, key: str, n: int, where: str, may_hold_bools: bool = True) -
         raise InputError(f"field {key!r} has {len(ids)} ids but the count field says {n}",
                          source=where)
     try:
-        array("q", ids)  # in C: every id an int (or a bool) within int64
-        ok = not ids or min(ids) >= 0
+        # in C: every id an int (or a bool) in [0, 2**63): signed and unsigned 64-bit
+        array("q", ids)
+        array("Q", ids)
+        ok = True
     except (TypeError, OverflowError):
         ok = False
     if ok and may_hold_bools:

@@ -101,3 +101,17 @@ def test_stats_of_nothing_are_nan():
     s = stats_ms([])
     assert all(v != v for v in s.values()) and set(s) == {"mean", *(f"p{p}" for p in PERCENTILES)}
     assert stats_ms(iter([2_000_000, 4_000_000]))["mean"] == 3.0
+
+
+@pytest.mark.parametrize("ids", [[1, -1, 2], [1, 2**63, 2], [1, 2.0, 3], [1, "2", 3],
+                                 [1, None, 3], [1, True, 3], [False, 1, 2], [1, [2], 3]])
+def test_token_ids_are_checked_element_by_element(ids):
+    from sim.errors import InputError
+    from sim.workload import parse_jsonl_lines
+
+    line = json.dumps({"input_toks": 3, "output_toks": 1, "input_tok_ids": ids})
+    with pytest.raises(InputError, match="input_tok_ids.*integer token ids >= 0"):
+        parse_jsonl_lines([line], "w.jsonl")
+    # and the largest id there is
+    ok = json.dumps({"input_toks": 3, "output_toks": 1, "input_tok_ids": [0, 2**63 - 1, 5]})
+    assert parse_jsonl_lines([ok], "w.jsonl").requests[0].input_ids == [0, 2**63 - 1, 5]
