@@ -27,13 +27,14 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from sim.errors import InputError
 from sim.request import Request
 from sim.workload import Workload, load_jsonl
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DATASETS = ("random", "sharegpt", "custom")
 METRIC_LABELS = {"ttft": ("Time to First Token", "TTFT"),
@@ -178,6 +179,8 @@ def bench_workload(args) -> Workload:
     conc = args.max_concurrency
     if conc is not None and conc < 1:
         raise InputError(f"--max-concurrency must be >= 1, got {conc}")
+    import numpy as np  # here: the parser of every llmsim command imports this module
+
     rng = np.random.default_rng(args.seed)
     from_file = args.dataset_name != "random"
     reqs = _file_requests(args, n) if from_file else _random_requests(args, rng, n)
@@ -220,6 +223,8 @@ def _pword(p: float) -> str:
 
 def bench_metrics(result, args) -> dict:
     """vLLM's result keys from a simulated run (times in ms, throughputs per second)."""
+    import numpy as np
+
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     bad = [m for m in metrics if m not in METRIC_LABELS]
     if bad:

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.errors import InputError, read_text_input
 from sim.options import ALL2ALL_BACKENDS
 
@@ -299,10 +297,16 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
     path = Path(path)
     text = read_text_input(path, "a cluster config", "a JSON or YAML")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml  # only for YAML configs (startup time of `llmsim run`)
+
+        syntax_errors: tuple[type[Exception], ...] = (yaml.YAMLError,)
+    else:
+        syntax_errors = (json.JSONDecodeError,)
     try:
         data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else \
             json.loads(text, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except syntax_errors as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"malformed cluster config: {msg}", source=str(path)) from None
     except (ValueError, RecursionError) as exc:

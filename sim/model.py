@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from sim.errors import InputError, unknown_name
 from sim.paths import profiles_root
+from sim.yamlio import load_yaml_files
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
                "fp32": 4, "fp8": 1, "float8": 1, "int8": 1}
@@ -344,11 +343,8 @@ def hf_quantization(qcfg: dict | None, source: str) -> str | None:
 @cache
 def _catalogue() -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
-    for f in sorted((profiles_root() / "models").glob("*.yaml")):
-        try:
-            data = yaml.safe_load(f.read_text())
-        except yaml.YAMLError as exc:
-            raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+    files = sorted((profiles_root() / "models").glob("*.yaml"))
+    for f, data in zip(files, load_yaml_files("models", files), strict=True):
         spec = _from_mapping(data or {}, str(f))
         for key in (spec.name, spec.name.split("/")[-1], f.stem, *spec.aliases):
             out[key] = spec
