@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
-from sim import ALL2ALL_BACKENDS
 from sim.errors import InputError, read_text_input
-from sim.options import VLLM_BLOCK_SIZES
+from sim.options import KnobSpec, knob_table
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
 # ---------------------------------------------------------------- vocabularies
@@ -45,33 +44,41 @@ OBJECTIVES = {
 SAMPLERS = ("nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
 PIM_MODES = ("off", "local", "pool")
-BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing",
-              "sub_batch_interleaving")
-INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
-             "long_prefill_token_threshold", "block_size")
-STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
-             "collective_algorithm", "all2all_backend", "quantization", "kv_cache_dtype")
-#: vLLM's --quantization values a space may search ("none": the checkpoint's own)
-QUANTIZATIONS = ("none", "fp8")
-#: vLLM's --kv-cache-dtype values a space may search
-KV_CACHE_DTYPES = ("auto", "fp8")
+#: knobs that shape the cluster (dse's own): name -> (type, default; None: none or derived),
+#: in drawing order. Knobs of SimOptions fields are declared in sim/options.py (a field's
+#: ``knob``) and drawn where their declaration says.
+CLUSTER_KNOBS: dict[str, tuple[str, Any]] = {
+    "hardware": ("str", None), "tp": ("int", 1), "pp": ("int", 1), "ep": ("int", 1),
+    "dp": ("int", 1), "replicas": ("int", None), "pd": ("bool", False), "pd_ratio": ("str", None),
+    "pim_mode": ("str", "off"), "sub_batch_interleaving": ("bool", False),
+    "prefix_tier": ("str", "npu"), "prefix_sharing": ("bool", False),
+    "collective_algorithm": ("str", None),
+}
+#: knobs that become SimOptions fields, from their declarations
+OPTION_KNOBS: dict[str, KnobSpec] = {k.name: k for k in knob_table()}
+
+
+def _knob_order() -> tuple[str, ...]:
+    """Structural knobs first so conditions can look at them; each option knob right after
+    the knob its declaration names."""
+    order = list(CLUSTER_KNOBS)
+    for k in OPTION_KNOBS.values():
+        order.insert(order.index(k.after) + 1 if k.after else len(order), k.name)
+    return tuple(order)
+
+
+_KINDS = {**{n: kind for n, (kind, _) in CLUSTER_KNOBS.items()},
+          **{n: k.kind for n, k in OPTION_KNOBS.items()}}
+BOOL_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "bool")
+INT_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "int")
+STR_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "str")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
-KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "all2all_backend", "replicas", "pd", "pd_ratio",
-              "pim_mode",
-              "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
-              "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
-              "enable_chunked_prefill", "routing_policy", "collective_algorithm", "quantization",
-              "kv_cache_dtype")
+KNOB_ORDER = _knob_order()
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
-    "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
-    "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
-    "sub_batch_interleaving": False,
-    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0], "quantization": "none",
-    "kv_cache_dtype": "auto",
-}
+    **{n: d for n, (_, d) in CLUSTER_KNOBS.items() if d is not None},
+    **{n: k.default for n, k in OPTION_KNOBS.items()}}
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 #: a study name becomes the default folder runs/<name>: one path component, no traversal
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -136,54 +143,45 @@ class Domain:
 
 
 def _check_value(name: str, v: Any, where: str) -> Any:
-    if name in BOOL_KNOBS:
+    kind = _KINDS[name]
+    if kind == "bool":
         if not isinstance(v, bool):
             raise InputError(f"{where}: {name} takes true or false, got {v!r}")
         return v
-    if name in INT_KNOBS:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(f"{where}: {name} takes integers, got {v!r}")
-        lo = 0 if name == "long_prefill_token_threshold" else 1
-        if v < lo:
-            raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
-        if v > 2**31:
-            raise InputError(f"{where}: {name} must be <= 2**31, got {v}")
-        if name == "block_size" and v not in VLLM_BLOCK_SIZES:
-            raise InputError(f"{where}: block_size {v} is not one vLLM accepts; allowed: "
-                             f"{_allowed(VLLM_BLOCK_SIZES)}")
-        return v
+    if kind == "int":
+        return _check_int(name, v, where)
     if name == "pim_mode" and v is False:
         v = "off"  # YAML reads a bare `off` as false
     if not isinstance(v, str):
         raise InputError(f"{where}: {name} takes strings, got {v!r}")
-    if name == "prefix_tier" and v not in PREFIX_TIERS:
-        raise InputError(f"{where}: unknown prefix_tier {v!r}; allowed: {_allowed(PREFIX_TIERS)}")
     if name == "pim_mode" and v == "none":
         v = "off"  # "none" and "off" both mean no PIM offload
-    if name == "pim_mode" and v not in PIM_MODES:
-        raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
-    if name == "quantization" and v not in QUANTIZATIONS:
-        raise InputError(f"{where}: unknown quantization {v!r}; allowed: {_allowed(QUANTIZATIONS)}")
-    if name == "kv_cache_dtype" and v not in KV_CACHE_DTYPES:
-        raise InputError(f"{where}: unknown kv_cache_dtype {v!r}; allowed: "
-                         f"{_allowed(KV_CACHE_DTYPES)}")
     if name == "pd_ratio":
         m = _PD_RATIO.match(v)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
             raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
                              f"(e.g. '1:3'), got {v!r}")
-    if name == "collective_algorithm" and v not in COLLECTIVE_ALGORITHMS:
-        raise InputError(f"{where}: unknown collective_algorithm {v!r}; "
-                         f"allowed: {_allowed(COLLECTIVE_ALGORITHMS)}")
-    if name == "all2all_backend" and v not in ALL2ALL_BACKENDS:
-        raise InputError(f"{where}: unknown all2all_backend {v!r}; allowed: "
-                         f"{_allowed(ALL2ALL_BACKENDS)}")
-    if name == "routing_policy":
-        from sim.router import ROUTING_POLICIES
+    allowed = {"prefix_tier": PREFIX_TIERS, "pim_mode": PIM_MODES,
+               "collective_algorithm": COLLECTIVE_ALGORITHMS}.get(name)
+    if name in OPTION_KNOBS:
+        allowed = OPTION_KNOBS[name].values
+    if allowed is not None and v not in allowed:
+        raise InputError(f"{where}: unknown {name} {v!r}; allowed: {_allowed(allowed)}")
+    return v
 
-        known = list(ROUTING_POLICIES.names())
-        if v not in known:
-            raise InputError(f"{where}: unknown routing_policy {v!r}; allowed: {_allowed(known)}")
+
+def _check_int(name: str, v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{where}: {name} takes integers, got {v!r}")
+    spec = OPTION_KNOBS.get(name)
+    lo = spec.minimum if spec else 1
+    if v < lo:
+        raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
+    if v > 2**31:
+        raise InputError(f"{where}: {name} must be <= 2**31, got {v}")
+    if spec and spec.values is not None and v not in spec.values:
+        raise InputError(f"{where}: {name} {v} {spec.refusal}; allowed: "
+                         f"{_allowed(spec.values)}")
     return v
 
 

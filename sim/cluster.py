@@ -16,15 +16,13 @@ from typing import Any
 import yaml
 
 from sim.errors import InputError, read_text_input
-from sim.options import ALL2ALL_BACKENDS
+from sim.options import DEFAULT_MEM_UTIL, INSTANCE_OPTIONS, check_instance_value
 
 GiB = 1 << 30
-DEFAULT_MEM_UTIL = 0.9  # vLLM's default gpu_memory_utilization
 
-# Scheduler knobs an instance may override (LLMServingSim's per-instance fields).
-INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-                           "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                           "all2all_backend", "quantization", "kv_cache_dtype")
+# Options an instance may override (LLMServingSim's per-instance fields): those declared
+# with scope "instance" in sim/options.py.
+INSTANCE_SCHEDULER_KEYS = INSTANCE_OPTIONS
 _INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
                   "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
                   "num_gpu_blocks_override", *INSTANCE_SCHEDULER_KEYS}
@@ -198,10 +196,8 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 raise InputError(f"field 'pd_type' must be null, 'prefill' or 'decode', got {pd!r}",
                                  source=iw)
             overrides = {k: ins[k] for k in INSTANCE_SCHEDULER_KEYS if ins.get(k) is not None}
-            a2a = overrides.get("all2all_backend")
-            if a2a is not None and a2a not in ALL2ALL_BACKENDS:
-                raise InputError(f"field 'all2all_backend' must be one of "
-                                 f"{', '.join(ALL2ALL_BACKENDS)}, got {a2a!r}", source=iw)
+            for key, value in overrides.items():
+                check_instance_value(key, value, iw)
             insts.append(InstanceConfig(
                 instance_id=iid, node_id=n_idx, model_name=ins["model_name"],
                 hardware=ins["hardware"], npu_mem=_mem(ins.get("npu_mem"), f"{iw}.npu_mem",
