@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
     create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from dse.space import BACKENDS, SAMPLERS, SLO_KEYS, latency_providers
+from dse.space import BACKENDS, SAMPLERS, SLO_KEYS, SLO_METRICS, SLO_STATS, latency_providers
 from sim.errors import InputError
 from sim.options import DEFAULT_MEM_UTIL
 
@@ -191,7 +191,8 @@ class Workload(Section):
 
 
 class Length(Section):
-    kind: choice(("fixed", "uniform", "zipf", "file")) = Field("fixed", description="")
+    kind: choice(("fixed", "uniform", "zipf", "file")) = Field("fixed", description="length "
+                                                                          "distribution")
     value: Any = None
     low: Any = None
     high: Any = None
@@ -313,17 +314,19 @@ def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
     for name, f in model.model_fields.items():
         path = prefix + name
         sub = _model_at(model, (name,)) or _DOCUMENTED.get(path)
+        if sub is Slo:
+            stats, metrics = "\\|".join(SLO_STATS), "\\|".join(SLO_METRICS)
+            rows.append(f"| `{path}.<{stats}>_<{metrics}>_ms` | number > 0 |  | "
+                        "limit on that statistic of the trial's requests, in ms |")
+            _rows(Attainment, f"{path}.attainment.", rows)
+            continue
         rule = next((m.text for m in f.metadata if isinstance(m, Rule)), "")
-        if sub is not None and not rule:
-            rule = "mapping"
-        default = f.get_default(call_default_factory=False)
+        default = None if f.is_required() else f.get_default(call_default_factory=False)
         shown = "" if default is None or sub is not None else f"`{default!r}`"
-        rows.append(f"| `{path}` | {rule} | {shown} | {f.description or ''} |")
-        if sub is not None and sub is not Slo:
+        meaning = (f.description or "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {rule or ('mapping' if sub else '')} | {shown} | {meaning} |")
+        if sub is not None:
             _rows(sub, path + ".", rows)
-        elif sub is Slo:
-            rows.append(f"| `{path}.attainment.*` | mapping |  | target (0, 1] default 0.9; "
-                        "ttft_ms, tpot_ms, e2e_ms: per-request limits > 0 |")
 
 
 #: fields read as Any (their checks need the file's folder) whose models are documented
