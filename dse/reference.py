@@ -4,9 +4,10 @@
     python -m dse.reference --write    # rewrite them in README.md
     python -m dse.reference --check    # exit 1 if README.md is out of date
 
-Two sections: every simulator option (``sim/options.py``: its ``llmsim run`` flag, whether a
-cluster file's instance may set it, its dse knob) and every field of a search-space file
-(the pydantic models in ``dse/schema.py``). Each lies between ``<!-- BEGIN GENERATED: name``
+Three sections: every simulator option (``sim/options.py``: its ``llmsim run`` flag, whether
+a cluster file's instance may set it, its dse knob), every field of a cluster file
+(``sim.cluster.CLUSTER_FIELDS``, which the loader enforces) and every field of a
+search-space file (the pydantic models in ``dse/schema.py``). Each lies between ``<!-- BEGIN GENERATED: name``
 and ``<!-- END GENERATED: name -->`` lines in the README.
 """
 
@@ -22,9 +23,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def sections() -> dict[str, str]:
     """Section name -> its generated markdown."""
     from dse.schema import markdown_reference as space_reference
+    from sim.cluster import markdown_reference as cluster_reference
     from sim.options import markdown_reference as options_reference
 
-    return {"options": options_reference(), "space": space_reference()}
+    return {"options": options_reference(), "cluster": cluster_reference(),
+            "space": space_reference()}
 
 
 def _pattern(name: str) -> re.Pattern:

@@ -72,3 +72,10 @@ def test_knobs_follow_the_declarations():
         assert spec.to_option(KNOB_DEFAULTS[name]) == default, name
         assert KNOB_ORDER.index(name) > KNOB_ORDER.index(spec.after), name
     assert [k.name for k in knob_table()] == list(declared)
+
+
+def test_cluster_fields_are_enforced_at_every_level():
+    raw = cluster_dict()
+    raw["nodes"][0]["instances"][0]["npu_mem"]["mem_utl"] = 0.5  # a typo, not a default
+    with pytest.raises(InputError, match=r"npu_mem.*unknown field.*mem_utl.*mem_util"):
+        sim.parse_cluster(raw)
