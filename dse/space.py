@@ -25,9 +25,6 @@ from sim.options import KnobSpec, knob_table
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
 # ---------------------------------------------------------------- vocabularies
-SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
-SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
-SLO_KEYS = tuple(f"{s}_{m}_ms" for s in SLO_STATS for m in SLO_METRICS)
 ATTAINMENT_KEYS = ("target", "ttft_ms", "tpot_ms", "e2e_ms")
 
 #: objective -> default direction
@@ -41,7 +38,6 @@ OBJECTIVES = {
     "devices_used": "minimize",
     "avg_power": "minimize",
 }
-SAMPLERS = ("nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
 PIM_MODES = ("off", "local", "pool")
 #: knobs that shape the cluster (dse's own): name -> (type, default; None: none or derived),
@@ -82,9 +78,6 @@ KNOB_DEFAULTS: dict[str, Any] = {
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 #: a study name becomes the default folder runs/<name>: one path component, no traversal
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-#: system backends: ``auto`` is a long-lived astra-sim process per Ray actor (the design's
-#: shape) and in-process ASTRA-Sim when trials run in the driver (``--workers 0``)
-BACKENDS = ("auto", "subprocess", "inproc")
 
 
 def latency_providers() -> list[str]:
@@ -479,6 +472,8 @@ def _cluster_defaults(c) -> dict:
 
 
 def _slo(s, data: dict) -> dict[str, float]:
+    from dse.schema import SLO_KEYS
+
     given = data.get("slo") or {}
     return {k: getattr(s, k) for k in SLO_KEYS if k in given}
 
