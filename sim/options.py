@@ -378,10 +378,10 @@ def markdown_reference() -> str:
         if kind == "bool" and flag and default is not False:
             flag = f"{flag} / --no-{flag[2:]}"
         allowed = opt.allowed
-        if not allowed and opt.choices is not None:
-            allowed = ", ".join(map(str, _resolve(opt.choices)))
-        if opt.knob is not None and opt.knob.values is not None:
-            knob = "yes: " + ", ".join(map(str, _resolve(opt.knob.values)))
+        if not allowed and isinstance(opt.choices, tuple):  # a registry: named in `allowed`
+            allowed = ", ".join(map(str, opt.choices))
+        if opt.knob is not None and isinstance(opt.knob.values, tuple):
+            knob = "yes: " + ", ".join(map(str, opt.knob.values))
         else:
             knob = "yes" if opt.knob is not None else ""
         cells = [f"`{name}`", f"`{flag}`" if flag else "", opt.scope if opt.scope == INSTANCE

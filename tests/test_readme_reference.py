@@ -17,3 +17,16 @@ def test_a_stale_reference_is_caught_and_rewritten():
     stale = text.replace(row, row.replace("`256`", "`128`"))
     assert stale != text and render(stale) == text
     assert "`search.n_trials` | integer >= 1 | `50`" in text
+
+
+def test_a_new_routing_policy_or_provider_leaves_the_reference_as_is(monkeypatch):
+    """Registries are named, not listed, so adding a policy or provider stays one file."""
+    from dse.reference import sections
+    from sim.latency.base import LATENCY_PROVIDERS
+    from sim.router import ROUTING_POLICIES
+
+    before = sections()
+    monkeypatch.setitem(ROUTING_POLICIES._factories, "NEWEST", lambda seed: None)
+    monkeypatch.setitem(LATENCY_PROVIDERS._factories, "newprov", object)
+    assert "NEWEST" in ROUTING_POLICIES.names()
+    assert sections() == before
