@@ -20,19 +20,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
     create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from dse.vocab import BACKENDS, SAMPLERS, SLO_KEYS, SLO_METRICS, SLO_STATS
 from sim.errors import InputError
 from sim.options import DEFAULT_MEM_UTIL
 
 #: a field given as null takes its default, as if absent
 _DEFAULT = object()
 
-SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
-SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
-SLO_KEYS = tuple(f"{s}_{m}_ms" for s in SLO_STATS for m in SLO_METRICS)
-SAMPLERS = ("nsga2", "tpe", "random", "grid")
-#: system backends: ``auto`` is a long-lived astra-sim process per Ray actor (the design's
-#: shape) and in-process ASTRA-Sim when trials run in the driver (``--workers 0``)
-BACKENDS = ("auto", "subprocess", "inproc")
 
 
 def latency_providers() -> list[str]:

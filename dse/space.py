@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from dse.vocab import SLO_KEYS
 from sim.errors import InputError, read_text_input
 from sim.options import KnobSpec, knob_table
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
@@ -472,8 +473,6 @@ def _cluster_defaults(c) -> dict:
 
 
 def _slo(s, data: dict) -> dict[str, float]:
-    from dse.schema import SLO_KEYS
-
     given = data.get("slo") or {}
     return {k: getattr(s, k) for k in SLO_KEYS if k in given}
 
