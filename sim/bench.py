@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import InputError
+from sim.options import DEFAULT_MEM_UTIL, add_cli_flags
 from sim.request import Request
 from sim.workload import Workload, load_jsonl
 
@@ -70,14 +71,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     e.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     e.add_argument("--enable-expert-parallel", action="store_true")
-    e.add_argument("--quantization", "-q", default=None)
-    e.add_argument("--kv-cache-dtype", default="auto")
-    e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_MEM_UTIL)
+    add_cli_flags(e, names=("max_num_seqs", "max_num_batched_tokens", "block_size",
+                            "enable_prefix_caching", "enable_chunked_prefill", "quantization",
+                            "kv_cache_dtype"), aliases={"quantization": "-q"})
     s = p.add_argument_group("simulator")
     s.add_argument("--hardware", required=True, help="hardware catalogue entry, e.g. H100-SXM")
     s.add_argument("--latency-provider", default="auto")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from sim.cluster import GiB, InstanceConfig
 from sim.errors import InputError
 from sim.model import ModelSpec
+from sim.options import SimOptions
 
 MiB = 1 << 20
 
@@ -237,6 +238,7 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
 
 
 def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int,
-                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256) -> int:
+                       max_num_batched_tokens: int = SimOptions.max_num_batched_tokens,
+                       max_num_seqs: int = SimOptions.max_num_seqs) -> int:
     """KV blocks per worker of ``inst`` as vLLM 0.19 derives them."""
     return memory_budget(inst, model, block_size, max_num_batched_tokens, max_num_seqs).num_blocks
