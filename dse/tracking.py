@@ -264,3 +264,141 @@ class Tracker:
         return self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'", max_results=50000)
+
+
+class TrackingWriter:
+    """The driver's MLflow writer: a background thread of the driver process (so the
+    driver is still the only writer), fed through a queue, so a trial's MLflow run (a few
+    store transactions and its artifact files, ~0.1 s) is written while the search goes on.
+
+    Nothing is lost when the driver stops: :meth:`log_trial` first writes the trial's
+    payload to a spool file under ``spool`` (pickled, renamed into place: ~1 ms) and the
+    thread removes it only once the run is in MLflow. :meth:`close` drains the queue and
+    joins the thread (the driver calls it at the end and on interruption); a driver killed
+    outright leaves spool files, which the next run of the same command logs again
+    (:meth:`replay`), first deleting any run of that trial a killed writer left half
+    written, so no trial is missing or doubled. ``connect`` opens the store (and the
+    parent run) in the thread, so opening MLflow overlaps the start of the workers;
+    ``before_log`` runs before each trial is logged (the driver forces its journal to disk
+    there, so MLflow is never ahead of the study)."""
+
+    def __init__(self, spool: Path, connect, before_log=None) -> None:
+        import queue
+        import threading
+
+        self.spool = spool
+        spool.mkdir(parents=True, exist_ok=True)
+        self._connect = connect
+        self._before_log = before_log
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="dse-mlflow-writer",
+                                        daemon=True)
+        self.tracker: Tracker | None = None
+        self.error: BaseException | None = None
+        self.logged = 0
+        self.failed = 0
+        self.wait_s = 0.0  # how long close() waited for the queue to drain
+
+    # ------------------------------------------------------------ the driver's side
+    @property
+    def seconds(self) -> float:
+        return self.tracker.seconds if self.tracker is not None else 0.0
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.tracker.parent_id if self.tracker is not None else None
+
+    def spooled(self) -> dict[int, Path]:
+        """Trial number -> spool file, of trials not yet in MLflow."""
+        out = {}
+        for p in self.spool.glob("trial_*.pkl"):
+            try:
+                out[int(p.stem.split("_", 1)[1])] = p
+            except ValueError:
+                continue
+        return out
+
+    def start(self) -> TrackingWriter:
+        self._thread.start()
+        return self
+
+    def replay(self, number: int) -> None:
+        """Log a spooled trial a stopped driver left behind (after deleting its partial
+        run, if any)."""
+        self._q.put(("replay", self.spool / f"trial_{number:06d}.pkl"))
+
+    def log_trial(self, number: int, params: dict, metrics: dict, tags: dict,
+                  files: dict) -> None:
+        import os
+        import pickle
+
+        path = self.spool / f"trial_{number:06d}.pkl"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump((number, params, metrics, tags, files), f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        self._q.put(("trial", path))
+
+    def call(self, fn) -> None:
+        """Run ``fn(tracker)`` in the writer, after everything queued before it."""
+        self._q.put(("call", fn))
+
+    def check(self) -> None:
+        """Raise, in the driver, the error that stopped the writer (the store would not
+        open)."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Drain the queue and join the thread."""
+        if not self._thread.is_alive():
+            return
+        t0 = time.perf_counter()
+        self._q.put(("stop", None))
+        try:
+            self._thread.join()
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    # ------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        try:
+            self.tracker = self._connect()
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver by check()
+            self.error = exc
+            while self._q.get()[0] != "stop":  # payloads stay spooled for the next run
+                pass
+            return
+        while True:
+            kind, item = self._q.get()
+            if kind == "stop":
+                return
+            try:
+                if kind == "call":
+                    item(self.tracker)
+                else:
+                    self._log_spooled(item, replay=kind == "replay")
+            except Exception as exc:  # noqa: BLE001 - tracking must not kill the study
+                self.failed += 1
+                what = f"trial {item.stem.split('_', 1)[1].lstrip('0') or '0'}" \
+                    if isinstance(item, Path) else "the study run"
+                log.warning("MLflow logging failed for %s: %s%s", what, exc,
+                            " (kept in %s; logged when the search is run again)"
+                            % self.spool if isinstance(item, Path) else "")
+
+    def _log_spooled(self, path: Path, replay: bool) -> None:
+        import pickle
+
+        with open(path, "rb") as f:
+            number, params, metrics, tags, files = pickle.load(f)
+        if self._before_log is not None:
+            self._before_log()
+        if replay:
+            self.tracker.delete_trial_runs([number])
+        self.tracker.log_trial(number, params, metrics, tags, files)
+        path.unlink()
+        self.logged += 1
