@@ -688,6 +688,9 @@ class Driver:
 
         tm = self.timings
         self._pareto_count = 0
+        writer = self.tracker
+        if hasattr(writer, "flush"):  # the report reads the front's per-request tables
+            writer.flush()            # from their MLflow runs
         t = time.perf_counter()
         try:
             files = write_results(self.space, study, self.out)
@@ -695,7 +698,6 @@ class Driver:
         except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
             log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
         tm["report_s"] = time.perf_counter() - t
-        writer = self.tracker
         if writer is None or not hasattr(writer, "call"):
             return
         counts = {"trials_complete": self.complete, "trials_feasible": self.feasible,

@@ -291,6 +291,8 @@ class TrackingWriter:
         self._connect = connect
         self._before_log = before_log
         self._q: queue.Queue = queue.Queue()
+        self._idle = threading.Condition()
+        self._unfinished = 0  # items queued and not yet handled
         self._thread = threading.Thread(target=self._run, name="dse-mlflow-writer",
                                         daemon=True)
         self.tracker: Tracker | None = None
@@ -325,7 +327,7 @@ class TrackingWriter:
     def replay(self, number: int) -> None:
         """Log a spooled trial a stopped driver left behind (after deleting its partial
         run, if any)."""
-        self._q.put(("replay", self.spool / f"trial_{number:06d}.pkl"))
+        self._put(("replay", self.spool / f"trial_{number:06d}.pkl"))
 
     def log_trial(self, number: int, params: dict, metrics: dict, tags: dict,
                   files: dict) -> None:
@@ -338,11 +340,11 @@ class TrackingWriter:
             pickle.dump((number, params, metrics, tags, files), f,
                         protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
-        self._q.put(("trial", path))
+        self._put(("trial", path))
 
     def call(self, fn) -> None:
         """Run ``fn(tracker)`` in the writer, after everything queued before it."""
-        self._q.put(("call", fn))
+        self._put(("call", fn))
 
     def check(self) -> None:
         """Raise, in the driver, the error that stopped the writer (the store would not
@@ -350,12 +352,35 @@ class TrackingWriter:
         if self.error is not None:
             raise self.error
 
+    def flush(self) -> None:
+        """Wait until everything queued so far is written (or given up on)."""
+        if not self._thread.is_alive():
+            return
+        t0 = time.perf_counter()
+        try:
+            with self._idle:
+                while self._unfinished and self._thread.is_alive():
+                    self._idle.wait(0.2)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def _put(self, item) -> None:
+        with self._idle:
+            self._unfinished += 1
+        self._q.put(item)
+
+    def _task_done(self) -> None:
+        with self._idle:
+            self._unfinished -= 1
+            if not self._unfinished:
+                self._idle.notify_all()
+
     def close(self) -> None:
         """Drain the queue and join the thread."""
         if not self._thread.is_alive():
             return
         t0 = time.perf_counter()
-        self._q.put(("stop", None))
+        self._put(("stop", None))
         try:
             self._thread.join()
         finally:
@@ -370,12 +395,15 @@ class TrackingWriter:
             self.tracker = self._connect()
         except BaseException as exc:  # noqa: BLE001 - handed to the driver by check()
             self.error = exc
-            while self._q.get()[0] != "stop":  # payloads stay spooled for the next run
-                pass
-            return
+            while True:  # payloads stay spooled for the next run
+                kind, _ = self._q.get()
+                self._task_done()
+                if kind == "stop":
+                    return
         while True:
             kind, item = self._q.get()
             if kind == "stop":
+                self._task_done()
                 return
             try:
                 if kind == "call":
@@ -389,6 +417,8 @@ class TrackingWriter:
                 log.warning("MLflow logging failed for %s: %s%s", what, exc,
                             " (kept in %s; logged when the search is run again)"
                             % self.spool if isinstance(item, Path) else "")
+            finally:
+                self._task_done()
 
     def _log_spooled(self, path: Path, replay: bool) -> None:
         import pickle

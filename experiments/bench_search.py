@@ -1,10 +1,10 @@
 """Where the seconds of a search go: `make demo` (the quickstart, 100 trials) timed by phase.
 
     python experiments/bench_search.py [--runs 3] [--space search_spaces/quickstart.yaml]
-                                       [--code DIR] [--workers N] [--json OUT]
+                                       [--code DIR [--code DIR2]] [--workers N] [--json OUT]
 
 Each run is a fresh ``dse search --fresh`` in its own subprocess, on the code under
-``--code`` (default: this checkout; give another checkout to time it the same way), with
+``--code`` (default: this checkout; give several to compare them, their runs interleaved), with
 timers wrapped around the functions that exist there: Ray start-up, actor start-up,
 Optuna ask/tell, journal writes, MLflow logging, the report, and the driver's wait for
 results. The table holds the median of each over the runs, the spread of the search time,
@@ -112,24 +112,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--space", default="search_spaces/quickstart.yaml")
-    ap.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--code", type=Path, action="append",
+                    help="checkout to time (repeat to compare several: runs interleave)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--json", type=Path, help="also write every run's numbers here")
     a = ap.parse_args()
-    runs = []
+    codes = [c.resolve() for c in (a.code or [Path(__file__).resolve().parents[1]])]
+    runs: dict[Path, list[dict]] = {c: [] for c in codes}
     for i in range(a.runs):
-        r = run_once(a.code.resolve(), a.space, a.workers)
-        runs.append(r)
-        t = r["timers"]
-        print(f"run {i + 1}: driver.run {t['driver.run']['driver']:.1f}s, load "
-              f"{r['load_before']} -> {r['load_after']}", file=sys.stderr, flush=True)
-    keys = sorted({k for r in runs for k in r["timers"]})
-    print(f"{a.code} ({a.runs} runs, median [min..max]; 'thread' = off the driver's thread)")
-    print(f"{'phase':44s} {'driver s':>22s} {'thread s':>9s} {'calls':>6s}")
+        for code in codes:
+            r = run_once(code, a.space, a.workers)
+            runs[code].append(r)
+            print(f"{code} run {i + 1}: driver.run {r['timers']['driver.run']['driver']:.1f}s,"
+                  f" load {r['load_before']} -> {r['load_after']}", file=sys.stderr,
+                  flush=True)
+    for code in codes:
+        table(code, runs[code])
+    if a.json:
+        a.json.write_text(json.dumps({str(c): [{k: v for k, v in r.items() if k != "stdout"}
+                                               for r in rs] for c, rs in runs.items()},
+                                     indent=1))
 
+
+def table(code: Path, runs: list[dict]) -> None:
     def med(xs):
         return statistics.median(xs) if xs else 0.0
 
+    keys = sorted({k for r in runs for k in r["timers"]})
+    print(f"\n{code} ({len(runs)} runs, median [min..max]; 'thread s' = off the driver's "
+          "thread)")
+    print(f"{'phase':44s} {'driver s':>22s} {'thread s':>9s} {'calls':>6s}")
     for k in keys:
         ds = [r["timers"].get(k, {}).get("driver", 0.0) for r in runs]
         ts = [r["timers"].get(k, {}).get("thread", 0.0) for r in runs]
@@ -146,11 +158,9 @@ def main() -> None:
           f"[{min(search):5.2f}..{max(search):5.2f}]")
     print("load average (1/5/15 min) before -> after: "
           + "; ".join(f"{r['load_before']} -> {r['load_after']}" for r in runs))
-    last = [ln for ln in runs[-1]["stdout"].splitlines() if ln.strip()][:12]
-    print("last run's summary:\n  " + "\n  ".join(last))
-    if a.json:
-        a.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "stdout"}
-                                      for r in runs], indent=1))
+    lines = [ln for ln in runs[-1]["stdout"].splitlines() if ln.strip()]
+    print("last run's summary:\n  " + "\n  ".join(
+        ln for ln in lines if not ln.lstrip().startswith(("┃", "│", "┏", "┡", "└")))[:3000])
 
 
 if __name__ == "__main__":

@@ -139,10 +139,24 @@ def test_search_returns_with_every_trial_in_mlflow(tmp_path, monkeypatch):
     """The search's end waits for the writer: once run() returns, MLflow holds a run for
     every evaluated trial and the spool is empty, although each run took 0.15 s to write."""
     logged = _slow_log_trial(monkeypatch, 0.15)
+    import dse.report
+
+    seen = {}
+    real_tables = dse.report.request_tables
+
+    def tables(out_dir, trials, *a, **k):  # what the report found of the front's runs
+        got = real_tables(out_dir, trials, *a, **k)
+        seen.update(wanted=sorted(trials), found=sorted(got))
+        return got
+
+    monkeypatch.setattr(dse.report, "request_tables", tables)
     path = write_space(tmp_path, **SPACE)
     out = tmp_path / "out"
     driver = Driver(load_space(path), out, workers=0, progress=False)
     s = driver.run()
+    # the report is written after the writer has caught up: every Pareto trial's
+    # per-request table was there to read
+    assert seen["wanted"] and seen["found"] == seen["wanted"]
     assert s.complete == 8
     firsts = _first_evaluations(_trials(out))
     assert sorted(logged) == sorted(firsts)
