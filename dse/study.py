@@ -521,6 +521,7 @@ class Driver:
             self._finish(study, status, time.perf_counter() - t_start)
             tm["search_s"] = time.perf_counter() - t_ready - tm["pool_shutdown_s"]
             tm["wall_s"] = time.perf_counter() - t_start
+        self._check_tracking()  # a store that failed to open after the last trial
         kind = getattr(self.pool, "kind", "")
         return SearchSummary(self.out, self.complete, self.feasible, self.failed, self.rejected,
                              self._pareto_count, time.perf_counter() - t_start,

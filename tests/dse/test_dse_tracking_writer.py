@@ -268,3 +268,21 @@ def test_writer_thread_is_not_left_running(tmp_path):
     path = write_space(tmp_path, **SPACE)
     Driver(load_space(path), tmp_path / "out", workers=0, progress=False).run()
     assert not [t for t in threading.enumerate() if t.name == "dse-mlflow-writer"]
+
+
+def test_store_that_cannot_be_opened_exits_2_in_one_line(tmp_path, capsys):
+    """The store opens in the writer thread; its failure still ends `dse search` with one
+    line and status 2 (even when the trials are done before the store gives up)."""
+    from dse.cli import main
+
+    path = write_space(tmp_path, **SPACE)
+    rc = main(["search", str(path), "--out", str(tmp_path / "out"), "--workers", "0",
+               "--no-progress", "--tracking-uri", "sqlite:////proc/no/such/dir/m.db"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "cannot open the MLflow store" in err and "Traceback" not in err
+    assert len([ln for ln in err.splitlines() if ln.startswith("dse: error")]) == 1
+    # what was told is kept for the next run, which logs it to a store that works
+    told = _first_evaluations(_trials(tmp_path / "out"))
+    spooled = {int(p.stem.split("_")[1]) for p in (tmp_path / "out" / SPOOL).glob("*.pkl")}
+    assert spooled == told
