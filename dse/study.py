@@ -314,8 +314,10 @@ class Driver:
                               "feasible": False, "rejected": True, "reason": reason})
 
     def _record(self, study, trial, cfg, outcome: Outcome) -> None:
-        """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial);
-        then answer the repeats that waited for this configuration."""
+        """Spool the trial for MLflow (its writer thread logs it later), then tell Optuna:
+        a kill between the two re-runs the trial and drops its spool file; a kill after
+        the tell leaves the spool file, which the next run logs. Then answer the repeats
+        that waited for this configuration."""
         self._tell(study, trial, cfg, outcome)
         key = config_key(self.space, cfg.params)
         self._evaluating.pop(key, None)

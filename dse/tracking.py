@@ -1,6 +1,7 @@
 """MLflow tracking: one parent run per study, one child run per trial.
 
-Only the driver writes here. Each child is one ``create_run`` + one ``log_batch`` + one
+Only the driver writes here, from one thread of its own (:class:`TrackingWriter`), so the
+search does not wait for it. Each child is one ``create_run`` + one ``log_batch`` + one
 ``log_artifacts`` (per-request table, cluster config, time series, a TTFT/TPOT histogram
 image): a few tens of ms, small beside a trial. Metric names are grouped by prefix
 (``objective/``, ``ttft/``, ``constraint/``...), the experiment is tagged as a training-style
