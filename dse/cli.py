@@ -139,7 +139,9 @@ def cmd_search(a) -> int:
           + (f"; {res.repeats} repeated configuration(s) answered from stored results"
              if res.repeats else "")
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
-             else "") + f"; MLflow logging {res.tracking_s:.1f}s")
+             else ""))
+    for line in driver.timing_lines():
+        print("  " + line)
     print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
     print(f"Report: {out / 'report.html'}   all trials: {out / 'trials.csv'}   "
           f"configs: {out / 'best'}/")
