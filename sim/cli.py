@@ -89,6 +89,8 @@ def _add_run(sub) -> None:
     p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
                    help="simulate every iteration's communication parts anew instead of "
                         "reusing the results of identical ones (same output, slower)")
+    p.add_argument("--no-event-leaping", dest="event_leaping", action="store_false",
+                   help=argparse.SUPPRESS)  # step every iteration (the reference path)
     p.add_argument("--timeseries-interval-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="WARNING",
@@ -183,7 +185,7 @@ def _run(args) -> int:
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
         backend=args.backend, astra_sim_bin=args.astra_sim_bin,
-        computation_reuse=args.computation_reuse,
+        computation_reuse=args.computation_reuse, event_leaping=args.event_leaping,
         timeseries_interval_ns=int(args.timeseries_interval_s * 1e9),
         progress=sys.stderr.isatty())
     _check_instance_limits(cluster, opts)

@@ -21,6 +21,7 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
+from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
@@ -576,6 +577,7 @@ class _Run:
         # Pipeline stages keep batches in order: one leaves the last stage after the one
         # before it (a short decode step cannot overtake a long prefill chunk).
         self.last_out = [0] * n_units
+        self.leap_unit = [self._leapable(u) for u in range(n_units)]
 
     # ------------------------------------------------------------------ event core
     def loop(self) -> RunResult:
@@ -716,6 +718,8 @@ class _Run:
                 continue
             if self.async_unit[unit] and inflight_count[unit] and not self.may_chain[unit]:
                 continue
+            if self.leap_unit[unit] and self._try_leap(unit):
+                continue
             self.may_chain[unit] = False
             payload = []
             for idx in members:
@@ -786,6 +790,131 @@ class _Run:
             self.steps.setdefault(inst.instance_id, []).append(
                 (start, start + dur, iteration_memory_bytes(inst, shape),
                  iteration_link_bytes(inst, shape)))
+
+    # ------------------------------------------------------------------ event leaping
+    def _leapable(self, unit: int) -> bool:
+        """Units a leap may advance: one instance stepping through the plain backend path
+        (no DP/EP wave, no PIM, no pipeline stages, no PD role)."""
+        members = self.units[unit]
+        inst = self.instances[members[0]]
+        return (self.opts.event_leaping and len(members) == 1 and inst.pim is None
+                and inst.pp == 1 and inst.config.pd_type is None
+                and not (inst.model.is_moe and inst.config.ep_size > 1))
+
+    def _others_inert(self, unit: int) -> bool:
+        """Whether no other unit can act before its own next event: each is full, waiting
+        for a stage or its own step, or has nothing to schedule."""
+        now = self.now
+        for v, members in enumerate(self.units):
+            if v == unit or self.inflight_count[v] >= self.depth[v] or self.free_at[v] > now:
+                continue
+            if self.async_unit[v] and self.inflight_count[v] and not self.may_chain[v]:
+                continue
+            for idx in members:
+                s = self.schedulers[idx]
+                if s.running or s.waiting or s.receiving:
+                    return False
+        return True
+
+    def _try_leap(self, unit: int) -> bool:
+        """Advance ``unit`` over a stretch of pure-decode steps up to the next event of
+        anything else (sim.leap); False (nothing done) where no stretch applies."""
+        idx = self.units[unit][0]
+        sch = self.schedulers[idx]
+        if not sch.running:
+            return False
+        b1 = None
+        if self.async_unit[unit]:
+            if self.inflight_count[unit] != 1:
+                return False
+            b1 = next((e for e in self.in_flight if e[2] == unit and e[3].__class__ is list),
+                      None)
+            if b1 is None or not steady_decode(sch, b1[3][0][1]):
+                return False
+        elif self.inflight_count[unit] or not steady_decode(sch, None):
+            return False
+        if not self._others_inert(unit):
+            return False
+        horizon = self._horizon(b1)
+        if b1 is not None and b1[0] >= horizon:
+            return False
+        plan = plan_leap(sch)
+        if plan is None:
+            return False
+        durations, completions = self._leap_times(idx, plan, b1, horizon)
+        if b1 is not None:
+            self.in_flight.remove(b1)
+            heapq.heapify(self.in_flight)
+        self._apply_leap(unit, idx, plan, durations, completions)
+        return True
+
+    def _horizon(self, own_step) -> int:
+        """The first time at which something other than the leaping unit's own step may
+        happen: an arrival, another event in flight, or the end of simulated time."""
+        h = self.pending[0][0] if self.pending else 1 << 62
+        for e in self.in_flight:
+            if e[0] < h and e is not own_step:
+                h = e[0]
+        if self.opts.max_sim_time_ns is not None and self.opts.max_sim_time_ns + 1 < h:
+            h = self.opts.max_sim_time_ns + 1
+        return h
+
+    def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
+        """Step durations and completion times of the stretch. Each completion before
+        ``horizon`` is in; the step after the last completion is scheduled (and stays in
+        flight) whenever it may be, so every duration asked of the provider is used."""
+        inst = self.instances[idx]
+        iteration_ns = self.backend.iteration_ns
+        n = len(inst.scheduler.running)
+        durations: list[int] = []
+        if own_step is None:  # sync: step j runs from the (j-1)-th completion
+            completions: list[int] = []
+            t, limit = self.now, plan.max_steps
+        else:  # async: step j runs after the step in flight, completions start with it
+            completions = [own_step[0]]
+            t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
+        for j in range(limit):
+            d = iteration_ns(inst, step_shape(plan, n, j), 0)
+            d = d if d > 1 else 1
+            durations.append(d)
+            end = t + d
+            if end >= horizon or len(completions) == plan.max_completions or (
+                    own_step is not None and j + 1 == limit):
+                break
+            completions.append(end)
+            t = end
+        return durations, completions
+
+    def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
+                    completions: list[int]) -> None:
+        inst = self.instances[idx]
+        sch = inst.scheduler
+        steps = len(durations)
+        batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
+        n = len(sch.running)
+        usable = sch.kv.num_blocks
+        for k, t in enumerate(completions):
+            free = plan.free0 - plan.pops_through[k]
+            self.series.record(t, 0, n, n, len(sch.waiting), (usable - free) / usable)
+        async_ = self.async_unit[unit]
+        starts = completions[:steps] if async_ else [self.now, *completions][:steps]
+        if self.power.enabled:
+            rows = self.steps.setdefault(inst.instance_id, [])
+            for j, (start, d) in enumerate(zip(starts, durations)):
+                shape = step_shape(plan, n, j)
+                rows.append((start, start + d, iteration_memory_bytes(inst, shape),
+                             iteration_link_bytes(inst, shape)))
+        if batch is not None:
+            end = starts[-1] + durations[-1]
+            if async_:
+                self.busy_until[unit] = end
+                self.may_chain[unit] = True
+            else:
+                self.inflight_count[unit] += 1
+            self._push(end, unit, [(idx, batch)])
+        if completions and (async_ or batch is None):
+            # The step-by-step loop schedules the unit again at its last completion.
+            self._push(completions[-1], unit, None)
 
     # ------------------------------------------------------------------ summary
     def result(self) -> RunResult:

@@ -84,6 +84,9 @@ class SimOptions:
     #: stop after this much simulated time (None = run to completion)
     max_sim_time_ns: int | None = None
     progress: bool = False
+    #: leap over stretches of pure-decode steps in one computation (sim.leap); off steps
+    #: every iteration (the reference: both give identical output)
+    event_leaping: bool = True
     extra: dict = field(default_factory=dict)
 
     @property
