@@ -172,7 +172,9 @@ def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[in
     for r, o0 in zip(sch.running, output0):
         start = r.cached_hashes or 0
         full = (r.input_len + o0 + steps) // bs
-        if full <= start:
+        if full <= start or (start and r.block_hashes[start - 1] not in watched):
+            # Hashes chain on their parent: blocks after one the head does not share
+            # cannot match the head's either.
             continue
         r.num_output = o0 + steps  # hashes of the tokens known by then (a pure cache)
         try:
