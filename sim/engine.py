@@ -862,9 +862,8 @@ class _Run:
     def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
-        flight) whenever it may be, so every duration asked of the provider is used."""
+        flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
-        iteration_ns = self.backend.iteration_ns
         n = len(inst.scheduler.running)
         durations: list[int] = []
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
@@ -873,8 +872,15 @@ class _Run:
         else:  # async: step j runs after the step in flight, completions start with it
             completions = [own_step[0]]
             t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
+        stretch = None
+        timer = getattr(self.backend, "decode_stretch", None)
+        if timer is not None and limit > 1:
+            stretch = timer(inst, step_shape(plan, n, 0), limit)
         for j in range(limit):
-            d = iteration_ns(inst, step_shape(plan, n, j), 0)
+            if stretch is not None:
+                d = stretch.durations[j]
+            else:
+                d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
             d = d if d > 1 else 1
             durations.append(d)
             end = t + d
@@ -883,6 +889,8 @@ class _Run:
                 break
             completions.append(end)
             t = end
+        if stretch is not None:
+            stretch.record(len(durations))
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],

@@ -32,7 +32,8 @@ import numpy as np
 import yaml
 
 from sim.errors import InputError
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
+from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
+                              LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
 
@@ -513,6 +514,126 @@ class MeasuredProvider(LatencyProvider):
 
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
+
+    # ------------------------------------------------------------------ decode stretches
+    def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
+        """``iteration_ns`` of a stretch of decode steps, vectorised: the same float
+        operations in the same order, element by element, as the scalar lookups (the
+        step's prefill chunk, prefill KV and decode count are fixed; only the decode KV
+        lengths move)."""
+        nd = shape.num_decode
+        if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
+                or self._moe is not None or nd >= len(self._dense_total)
+                or nd >= len(self._seq_total)):
+            return None
+        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
+        plo, phi, _, pex = self._pc_axis.bracket(0)
+        if nex or pex or plo != phi:
+            return None
+        pc = self._pc_axis.vals[plo]
+        step = np.arange(steps, dtype=np.int64)
+        kd = shape.decode_kv_sum // nd + step
+        kv_notes = np.zeros(steps, dtype=np.int64)
+        attn = self._over_nd_many(pc, nlo, nhi, nt, kd, kv_notes)
+        if attn is None:
+            return None
+        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd[0]:
+            kd_max = shape.decode_kv_max + step
+            alpha = self._skew_alpha_many(shape, kd[0], kd_max)
+            skewed = alpha != 0.0
+            max_notes = np.zeros(steps, dtype=np.int64)
+            t_max = self._over_nd_many(pc, nlo, nhi, nt, kd_max, max_notes)
+            if t_max is None:
+                return None
+            kv_notes += np.where(skewed, max_notes, 0)
+            use = skewed & (t_max > attn)
+            attn = np.where(use, attn + alpha * (t_max - attn), attn)
+        per_block = np.maximum(1, attn.astype(np.int64))
+        total = (self._dense_total[nd] + self._seq_total[nd]
+                 + per_block * self.model.num_hidden_layers)
+        grid_notes = [axis for axis, off in (("tokens", nd > self._grid_tokens),
+                                             ("sequences", nd > self._grid_seqs)) if off]
+        kv_booked = np.cumsum(kv_notes).tolist()
+
+        def record(k: int) -> None:
+            if k <= 0:
+                return
+            for axis in grid_notes:
+                self._extrap[axis] = self._extrap.get(axis, 0) + k
+            if kv_booked[k - 1]:
+                self._extrap["kv_decode"] = self._extrap.get("kv_decode", 0) + kv_booked[k - 1]
+
+        return DecodeStretch(total.tolist(), record)
+
+    def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kd: np.ndarray,
+                      notes: np.ndarray) -> np.ndarray | None:
+        """``_over_nd`` (decode count inside the grid, no prefill KV) over many decode KVs."""
+        nds = self._nd_axis.vals
+        c0 = self._slice_many(pc, nds[nlo], kd, notes)
+        if nhi == nlo or c0 is None:
+            return c0
+        c1 = self._slice_many(pc, nds[nhi], kd, notes)
+        return None if c1 is None else c0 + nt * (c1 - c0)
+
+    def _slice_many(self, pc: int, nd: int, kd: np.ndarray, notes: np.ndarray) -> np.ndarray | None:
+        """``_slice`` at prefill KV 0 over many decode KVs (``notes`` counts off-grid ones)."""
+        s = self._attn.get((pc, nd))
+        if s is None:
+            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
+            s = self._attn[(pc, nd)]
+        kp_axis, rows = s
+        lo, hi, t, ex = kp_axis.bracket(0)
+        if ex:
+            return None
+        kd_axis, vals, slope = rows[lo]
+        notes += kd > kd_axis.vals[-1]
+        v_lo = self._line_many(kd_axis, vals, kd, slope)
+        if lo == hi:
+            return v_lo
+        kd_axis, vals, slope = rows[hi]
+        return v_lo + t * (self._line_many(kd_axis, vals, kd, slope) - v_lo)
+
+    @staticmethod
+    def _line_many(axis: _Axis, vals: list[float], q: np.ndarray, slope: float) -> np.ndarray:
+        """``_line`` over many query points."""
+        keys = np.asarray(axis.vals, dtype=np.int64)
+        v = np.asarray(vals, dtype=np.float64)
+        n = axis.n
+        if n == 1:
+            lo = hi = np.zeros(len(q), dtype=np.int64)
+            t = np.zeros(len(q))
+        else:
+            i = np.searchsorted(keys, q, side="right")
+            hi = np.minimum(i, n - 1)
+            lo = hi - 1
+            first = q <= keys[0]
+            lo = np.where(first, 0, lo)
+            hi = np.where(first, 0, hi)
+            span = keys[hi] - keys[lo]
+            t = np.where(first, 0.0, (q - keys[lo]) / np.where(first, 1, span))
+        out = v[lo] + t * (v[hi] - v[lo])
+        beyond = q > axis.vals[-1]
+        if beyond.any():
+            out = np.where(beyond, v[-1] + slope * (q - axis.vals[-1]), out)
+        return out
+
+    def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, kv_max: np.ndarray) -> np.ndarray:
+        """``_skew_alpha`` along a stretch: only the longest KV's bucket moves."""
+        ax = self._skew["axes"]
+        bins, labels = ax["kv_big_bins"], ax["kv_big_labels"]
+        # _label: the first bucket whose upper edge bins[i + 1] >= v, else the last
+        idx = np.searchsorted(np.asarray(bins[1:len(labels) + 1], dtype=np.float64), kv_max,
+                              side="left")
+        idx = np.minimum(idx, len(labels) - 1)
+        alphas = {}
+        for b in np.unique(idx).tolist():
+            probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
+                               shape.decode_kv_sum, int(kv_max[idx == b][0]),
+                               shape.decode_kv_min + int(kv_max[idx == b][0]) - shape.decode_kv_max)
+            alphas[b] = self._skew_alpha(probe, kv_mean + int(kv_max[idx == b][0])
+                                         - shape.decode_kv_max)
+        return np.array([alphas[b] for b in idx.tolist()], dtype=np.float64)
+
 
 
     @classmethod

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import sim
 import sim.engine
+from sim.latency.base import BatchShape
 from sim.request import Request
 from sim.workload import parse_jsonl_lines
 from sim_testkit import cluster_dict, opts_for
@@ -174,3 +175,53 @@ def test_system_features_leap_exactly(case, spec, async_):
     opts = sim.SimOptions(latency_provider="roofline", async_scheduling=async_,
                           timeseries_interval_ns=100_000_000)
     _assert_same(_cluster(instances, power), _flat(sorted(spec)), opts)
+
+
+def _stretch_matches_steps(provider_factory, shape0, steps: int, taken: int) -> None:
+    """``decode_stretch`` gives each step's ``iteration_ns`` and books the same off-grid
+    lookups for the steps taken."""
+    vec, ref = provider_factory(), provider_factory()
+    stretch = vec.decode_stretch(shape0, steps)
+    assert stretch is not None
+    n = shape0.num_decode
+    expected = [ref.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
+                                            shape0.decode_kv_max + j,
+                                            shape0.decode_kv_min + j))
+                for j in range(steps)]
+    assert stretch.durations == expected
+    stretch.record(taken)
+    ref_taken = provider_factory()
+    for j in range(taken):
+        ref_taken.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
+                                          shape0.decode_kv_max + j, shape0.decode_kv_min + j))
+    assert list(vec.extrapolations().items()) == list(ref_taken.extrapolations().items())
+
+
+@pytest.mark.parametrize("n,kv_min,kv_max", [(1, 100, 100), (7, 10, 900), (40, 500, 8150),
+                                             (200, 3000, 9000)])
+def test_measured_decode_stretch_is_exact(bundle_root, n, kv_min, kv_max):
+    """The vectorised stretch against the scalar lookups, on and off the grid (the
+    synthetic bundle's decode KV axis ends at 8192, its decode count at 256), and on a
+    measured bundle with a skew fit."""
+    from sim.latency.measured import MeasuredProvider
+    from sim.model import load_model
+    from sim_testkit import HW, MODEL
+
+    kv_sum = kv_min * (n - 1) + kv_max if n > 1 else kv_max
+    shape0 = BatchShape(n, n, 0, 0, n, kv_sum, kv_max, kv_min if n > 1 else kv_max)
+    model = load_model(MODEL)
+    _stretch_matches_steps(lambda: MeasuredProvider(model, HW, 1, profiles_dirs=(str(bundle_root),)),
+                           shape0, 300, 200)
+    skewed = MeasuredProvider(model, "RTXPRO6000", 1)
+    assert skewed._skew is not None  # this bundle corrects attention for uneven KV lengths
+    _stretch_matches_steps(lambda: MeasuredProvider(model, "RTXPRO6000", 1), shape0, 300, 123)
+
+
+def test_decode_stretch_past_the_decode_count_grid_falls_back(bundle_root):
+    """A decode count past the profiled ones is extrapolated per step (no stretch)."""
+    from sim.latency.measured import MeasuredProvider
+    from sim.model import load_model
+    from sim_testkit import HW, MODEL
+
+    prov = MeasuredProvider(load_model(MODEL), HW, 1, profiles_dirs=(str(bundle_root),))
+    assert prov.decode_stretch(BatchShape(300, 300, 0, 0, 300, 6000, 20, 20), 50) is None
