@@ -12,12 +12,12 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from astrasim import GraphBuilder
 
 from sim.backend import SystemBackend, make_backend
-from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
+from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
@@ -25,15 +25,16 @@ from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
-from sim.model import ModelSpec, load_model, served_model
+from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
-from sim.topology import (Topology, check_links, instance_topology, link_between,
-                          transfer_topology)
+from sim.topology import (ASTRA, Link, Topology, check_links, group_topology, instance_topology,
+                          intra_node_link, link_between, transfer_topology)
+from sim.validate import dp_group_size, instance_model, validate_cluster
 from sim.workload import Workload
 
 
@@ -57,12 +58,6 @@ class InstanceRuntime:
     network: Topology | None = None
     #: vLLM's memory accounting behind num_kv_blocks (None when the KV cache lives in PIM)
     memory: MemoryBudget | None = None
-
-
-def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = None) -> ModelSpec:
-    """The model as ``inst`` serves it: its precision (quantization, kv_cache_dtype) applied."""
-    return served_model(inst.model_name, inst.hardware, opts.quantization, opts.kv_cache_dtype,
-                        source=where)
 
 
 def _max_model_len(inst: InstanceRuntime) -> int:
@@ -118,102 +113,6 @@ def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: S
     return prov
 
 
-def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
-    """Raise InputError if the cluster cannot be simulated: unknown names, tp that does not
-    divide the heads, weights that do not fit, or features not modelled yet."""
-    opts.validate()
-    problems = unsupported_features(cluster)
-    if problems:
-        raise InputError(problems[0])
-    for inst in cluster.instances:
-        where = f"{cluster.source}: instance {inst.instance_id}"
-        o = opts.for_instance(inst.overrides)
-        o.validate()
-        model = instance_model(inst, o, where)
-        model.check_tp(inst.tp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
-    PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
-    if opts.enable_attn_offloading:
-        for node in cluster.nodes:
-            if not node.pim_config:
-                raise InputError(f"{cluster.source}: --enable-attn-offloading needs PIM devices: "
-                                 f"nodes[{node.node_id}].cpu_mem has no pim_config")
-            from sim.pim import load_pim
-            dev = load_pim(str(node.pim_config),
-                           source=f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config")
-            if node.cpu_mem.mem_size_gib < dev.capacity_GiB:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.mem_size="
-                                 f"{node.cpu_mem.mem_size_gib} GiB holds no whole {dev.name} "
-                                 f"device ({dev.capacity_GiB} GiB)")
-    if opts.enable_sub_batch_interleaving:
-        for inst in cluster.instances:
-            if inst.pp_size > 1:
-                raise InputError(f"{cluster.source}: instance {inst.instance_id}: sub-batch "
-                                 f"interleaving is not supported with pp_size={inst.pp_size} > 1 "
-                                 "(as in NeuPIMs)")
-    groups: dict[str, list[InstanceConfig]] = {}
-    for inst in cluster.instances:
-        model = load_model(inst.model_name)
-        where = f"{cluster.source}: instance {inst.instance_id}"
-        if inst.ep_size > 1:
-            if not model.is_moe:
-                raise InputError(f"{where}: ep_size={inst.ep_size} but {model.name} is not a "
-                                 "mixture-of-experts model")
-            if model.num_experts % inst.ep_size:
-                raise InputError(f"{where}: ep_size={inst.ep_size} does not divide the "
-                                 f"{model.num_experts} experts of {model.name}")
-        if inst.dp_group is not None:
-            groups.setdefault(str(inst.dp_group), []).append(inst)
-    for name, members in groups.items():
-        first = members[0]
-        for m in members[1:]:
-            for field in ("model_name", "tp_size", "pp_size", "ep_size", "hardware"):
-                if getattr(m, field) != getattr(first, field):
-                    raise InputError(
-                        f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
-                        f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
-                        f"{getattr(first, field)!r}; members of a DP group must match")
-            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
-            if a != b:
-                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
-                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
-                                 f"has {b!r}; members of a DP group must match")
-    for inst in cluster.instances:
-        if inst.ep_size > 1:
-            domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
-            npus = sum(m.num_npus for m in domain)
-            if npus % inst.ep_size:
-                raise InputError(
-                    f"{cluster.source}: instance {inst.instance_id}: its expert-parallel domain "
-                    f"(the instance, or its dp_group) has {npus} NPU(s), not a multiple of "
-                    f"ep_size={inst.ep_size}")
-    roles = [i.pd_type for i in cluster.instances]
-    if any(roles):
-        if not all(roles):
-            raise InputError(f"{cluster.source}: with prefill/decode disaggregation every "
-                             "instance needs pd_type 'prefill' or 'decode'")
-        for role, other in (("prefill", "decode"), ("decode", "prefill")):
-            if role in roles and other not in roles:
-                raise InputError(f"{cluster.source}: pd_type {role!r} instances need at least one "
-                                 f"{other!r} instance to pair with")
-        if len({i.model_name for i in cluster.instances}) > 1:
-            raise InputError(f"{cluster.source}: prefill and decode instances must serve the "
-                             "same model")
-    if opts.prefix_storage == "CXL" and not cluster.cxl_mem:
-        raise InputError(f"{cluster.source}: --prefix-storage CXL needs a cxl_mem block in the "
-                         "cluster config")
-    if opts.prefix_storage == "CPU":
-        for node in cluster.nodes:
-            if node.cpu_mem is None:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}] has no cpu_mem for "
-                                 "--prefix-storage CPU")
-    if opts.enable_prefix_sharing:
-        for node in cluster.nodes:
-            if len({i.model_name for i in node.instances}) > 1:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}]: prefix sharing needs "
-                                 "every instance of the node to serve the same model")
-
-
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
     check_links(cluster)
@@ -221,7 +120,8 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
         model = instance_model(inst, o)
-        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                               dp_group_size(cluster, inst))
         blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
@@ -248,10 +148,12 @@ def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, o
         raise InputError(f"{cluster.source}: nodes[{node.node_id}] has too few {dev.name} PIM "
                          f"devices to give instance {inst.instance_id} one")
     if opts.pim_mode == "local":
-        bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+        # host memory's bus, given to ASTRA-Sim as LLMServingSim gives it (unchanged, one hop)
+        link = Link("FullyConnected", node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns,
+                    "host memory", ASTRA)
     else:
-        bw, lat = _link(cluster, inst, inst)
-    return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
+        link = intra_node_link(cluster, inst)
+    return PimAttention(dev, devices, model, inst.tp_size, link)
 
 
 def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
@@ -289,8 +191,7 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
     steady-state difference (layer-block reuse)."""
     layers = inst.model.num_hidden_layers
     pim = inst.pim
-    network = {"topology": ["FullyConnected"], "npus_count": [2],
-               "bandwidth": [pim.link_bw_GBps], "latency": [pim.link_latency_ns]}
+    network = transfer_topology(pim.link)
 
     def sub_batch(part: BatchShape, nd: int, kv_sum: int, kv_max: int):
         npu_shape = BatchShape(part.num_tokens, part.num_seqs, part.prefill_tokens,
@@ -322,12 +223,6 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
         return ends + t1
     t2 = backend.run_graphs(network, _pim_layers_graph(2, subs), name="pim2")
     return int(ends + t1 + (layers - 1) * (t2 - t1))
-
-
-def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
-    link = link_between(cluster, a, b)
-    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -432,7 +327,11 @@ class Simulator:
         self.instances = build_instances(cluster, opts)
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
-        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
+        self.moe_wave = MoEWave(self.backend,
+                                lambda members, npus: group_topology(cluster, members, npus),
+                                lambda inst, tp: _resolve_provider(
+                                    inst.provider.kind, replace(inst.config, tp_size=tp),
+                                    inst.model, inst.opts, cluster.source))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:

@@ -5,6 +5,11 @@ dense.csv (layer,tokens,time_us), per_sequence.csv (layer,sequences,time_us),
 attention.csv (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us), moe.csv
 (tokens,activated_experts,time_us) and optionally skew_fit.csv.
 
+The tables below are built from the CSVs once per bundle, tp and table size, and kept in
+the on-disk cache (``sim.cache``, keyed by the files' paths, sizes and times and by this
+module's own): a later run with the same inputs loads them instead of parsing the CSVs,
+with identical results, and without importing numpy or PyYAML.
+
 Lookup rules (all tables are built once, at construction):
 - dense / per-sequence: 1-D linear interpolation over tokens / sequences; the whole
   block's dense layers are pre-summed into one array indexed by token count, so a
@@ -26,18 +31,24 @@ from __future__ import annotations
 
 import bisect
 import csv
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
-import numpy as np
-import yaml
-
+from sim.cache import cached
 from sim.errors import InputError
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
+from sim.yamlio import safe_load
 
 VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
+#: provider attributes :meth:`MeasuredProvider._build` makes that are plain data as they are
+#: (the grid axes and slices are converted; see ``_build`` and ``_set_state``)
+_STATE = ("meta", "_seq", "_dense_slope", "_seq_slope", "_dense_max", "_seq_max",
+          "_max_tokens", "_max_seqs", "_grid_tokens", "_grid_seqs", "_dense_total",
+          "_seq_total", "_attn_path", "_skew", "_moe")
 
 
 def bundle_search_dirs(extra: tuple[str, ...] | list[str] = ()) -> list[Path]:
@@ -123,9 +134,11 @@ def work_slope(keys, vals) -> float:
     return max(upper_slope(keys, vals), per_unit)
 
 
-def _interp_table(keys: list[int], vals: list[float], upto: int) -> tuple[np.ndarray, float]:
+def _interp_table(keys: list[int], vals: list[float], upto: int):
     """Values at 0..upto by linear interpolation, clamped below the grid, and above it the
-    top point plus :func:`work_slope` per unit; returns the table and that slope."""
+    top point plus :func:`work_slope` per unit; returns the table (an array) and that slope."""
+    import numpy as np
+
     k = np.asarray(keys, dtype=np.float64)
     v = np.asarray(vals, dtype=np.float64)
     x = np.arange(upto + 1, dtype=np.float64)
@@ -134,6 +147,19 @@ def _interp_table(keys: list[int], vals: list[float], upto: int) -> tuple[np.nda
     hi = x > k[-1]
     out[hi] = v[-1] + slope * (x[hi] - k[-1])
     return out, slope
+
+
+class _PackedTables(dict):
+    """Per-layer tables kept as packed doubles, each unpacked into a list (for fast scalar
+    indexing) the first time it is read; ``packed`` maps every layer name to its bytes."""
+
+    def __init__(self, packed: dict[str, bytes]) -> None:
+        super().__init__()
+        self.packed = packed
+
+    def __missing__(self, name: str) -> list[float]:
+        table = self[name] = array("d", self.packed[name]).tolist()
+        return table
 
 
 class _Axis:
@@ -178,22 +204,68 @@ class MeasuredProvider(LatencyProvider):
                              "roofline, or profile one with `llmsim profile`")
         self.root = Path(root)
         self.source = str(self.root)
-        meta_path = self.root / "meta.yaml"
-        try:
-            self.meta = yaml.safe_load(meta_path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
         tp_dir = self.root / f"tp{tp}"
         if not tp_dir.is_dir():
             have = sorted(p.name for p in self.root.glob("tp*"))
             raise InputError(f"bundle has no tp{tp} folder (has: {have})", source=str(self.root))
         self._extrap: dict[str, int] = {}
-        self._build_dense(tp_dir, max_tokens, max_seqs)
-        self._build_attention(tp_dir / "attention.csv")
-        self._moe = self._build_moe(tp_dir) if model.is_moe else None
-        self._skew = self._build_skew(tp)
+        params = (tp, max_tokens, max_seqs, model.architecture, model.block_sequence,
+                  model.num_hidden_layers, model.is_moe, PROLOGUE, HEAD_DENSE, HEAD_PER_SEQUENCE)
+        self._set_state(cached("measured-bundle", self._sources(tp_dir),
+                               lambda: self._build(tp_dir, max_tokens, max_seqs), params))
 
     # ------------------------------------------------------------------ construction
+    def _sources(self, tp_dir: Path) -> list[Path]:
+        """Every file the tables are built from (and this module, whose code builds them):
+        what the bundle cache's key covers. meta.yaml's skew-fit tables are named relative
+        to the variant folder (``tp<N>/skew_fit.csv``): the CSVs of that folder and of the
+        tp folder cover them."""
+        files = [Path(__file__), self.root / "meta.yaml", *sorted(self.root.glob("*.csv")),
+                 *sorted(tp_dir.glob("*.csv"))]
+        if self.model.is_moe and not (tp_dir / "moe.csv").is_file():
+            files.append(self.root / "tp1" / "moe.csv")
+        return [f for f in files if f.is_file()]
+
+    def _build(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> dict:
+        """Parse the bundle and build every lookup table; returns them as plain data
+        (what the bundle cache stores, see :meth:`_set_state`)."""
+        import yaml
+
+        meta_path = self.root / "meta.yaml"
+        try:
+            self.meta = safe_load(meta_path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
+        self._build_dense(tp_dir, max_tokens, max_seqs)
+        self._build_attention(tp_dir / "attention.csv")
+        self._moe = self._build_moe(tp_dir) if self.model.is_moe else None
+        self._skew = self._build_skew(self.tp)
+        state = {name: getattr(self, name) for name in _STATE}
+        # the per-layer tables as packed doubles: only the multi-NPU path reads them
+        state["_dense"] = {name: array("d", t).tobytes() for name, t in self._dense.items()}
+        state["_pc_axis"] = self._pc_axis.vals
+        state["_nd_axis"] = self._nd_axis.vals
+        state["_attn"] = {key: (kp_axis.vals, [(kd.vals, vals, slope) for kd, vals, slope in rows])
+                          for key, (kp_axis, rows) in self._attn.items()}
+        if self._moe is not None:
+            ae_axis, rows = self._moe
+            state["_moe"] = (ae_axis.vals, [(t.vals, vals, slope) for t, vals, slope in rows])
+        return state
+
+    def _set_state(self, state: dict) -> None:
+        """Install the tables :meth:`_build` returned (fresh or from the cache)."""
+        for name in _STATE:
+            setattr(self, name, state[name])
+        self._dense = _PackedTables(state["_dense"])
+        self._pc_axis = _Axis(state["_pc_axis"])
+        self._nd_axis = _Axis(state["_nd_axis"])
+        self._attn = {tuple(key): (_Axis(kp), [(_Axis(kd), vals, slope) for kd, vals, slope in rows])
+                      for key, (kp, rows) in state["_attn"].items()}
+        self._attn_pairs = list(self._attn)
+        if state["_moe"] is not None:
+            ae, rows = state["_moe"]
+            self._moe = (_Axis(ae), [(_Axis(t), vals, slope) for t, vals, slope in rows])
+
     def _build_dense(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> None:
         dense_path = tp_dir / "dense.csv"
         rows = _read_csv(dense_path, ("layer", "tokens", "time_us"))
@@ -217,7 +289,9 @@ class MeasuredProvider(LatencyProvider):
                 raise InputError(f"missing layer {name!r}; has {sorted(by_seq)}",
                                  source=str(seq_path))
 
-        def table(d: dict[int, float], upto: int) -> tuple[np.ndarray, float]:
+        import numpy as np
+
+        def table(d: dict[int, float], upto: int):
             ks = sorted(d)
             return _interp_table(ks, [d[k] for k in ks], upto)
 
@@ -239,7 +313,7 @@ class MeasuredProvider(LatencyProvider):
         self._grid_seqs = min(self._seq_max.values())
         # Whole-iteration sums for the single-NPU fast path, of the same per-layer integer
         # nanoseconds layer_times reports, so iteration_ns == layer_times(...).total_ns().
-        def ints(name: str, table: dict) -> np.ndarray:
+        def ints(name: str, table: dict):
             return np.maximum(1, np.asarray(table[name]).astype(np.int64))
 
         n_blocks = self.model.num_hidden_layers
@@ -271,7 +345,7 @@ class MeasuredProvider(LatencyProvider):
                 rows_.append((kd_axis, vals, upper_slope(kd_axis.vals, vals)))
             self._attn[key] = (kp_axis, rows_)
         self._attn_pairs = list(self._attn)
-        self._attn_path = path
+        self._attn_path = str(path)
 
     def _build_skew(self, tp: int):
         """The bundle's skew fit, when meta.yaml enables one for this tp: a per-bucket alpha
@@ -517,10 +591,10 @@ class MeasuredProvider(LatencyProvider):
 
     # ------------------------------------------------------------------ decode stretches
     def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
-        """``iteration_ns`` of a stretch of decode steps, vectorised: the same float
-        operations in the same order, element by element, as the scalar lookups (the
-        step's prefill chunk, prefill KV and decode count are fixed; only the decode KV
-        lengths move)."""
+        """``iteration_ns`` of a stretch of decode steps: the step's prefill chunk, prefill
+        KV and decode count are fixed, so the lookups along the decode-count and chunk
+        axes are made once and only the decode-KV lines are read per step (with the same
+        float operations as the scalar path, so every value is identical)."""
         nd = shape.num_decode
         if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
                 or self._moe is not None or nd >= len(self._dense_total)
@@ -531,29 +605,27 @@ class MeasuredProvider(LatencyProvider):
         if nex or pex or plo != phi:
             return None
         pc = self._pc_axis.vals[plo]
-        step = np.arange(steps, dtype=np.int64)
-        kd = shape.decode_kv_sum // nd + step
-        kv_notes = np.zeros(steps, dtype=np.int64)
-        attn = self._over_nd_many(pc, nlo, nhi, nt, kd, kv_notes)
+        kd0 = shape.decode_kv_sum // nd
+        kv_notes = [0] * steps
+        attn = self._over_nd_many(pc, nlo, nhi, nt, range(kd0, kd0 + steps), kv_notes)
         if attn is None:
             return None
-        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd[0]:
-            kd_max = shape.decode_kv_max + step
-            alpha = self._skew_alpha_many(shape, kd[0], kd_max)
-            skewed = alpha != 0.0
-            max_notes = np.zeros(steps, dtype=np.int64)
-            t_max = self._over_nd_many(pc, nlo, nhi, nt, kd_max, max_notes)
+        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd0:
+            kv_max = range(shape.decode_kv_max, shape.decode_kv_max + steps)
+            max_notes = [0] * steps
+            t_max = self._over_nd_many(pc, nlo, nhi, nt, kv_max, max_notes)
             if t_max is None:
                 return None
-            kv_notes += np.where(skewed, max_notes, 0)
-            use = skewed & (t_max > attn)
-            attn = np.where(use, attn + alpha * (t_max - attn), attn)
-        per_block = np.maximum(1, attn.astype(np.int64))
-        total = (self._dense_total[nd] + self._seq_total[nd]
-                 + per_block * self.model.num_hidden_layers)
+            for j, alpha in enumerate(self._skew_alpha_many(shape, kd0, steps)):
+                if alpha != 0.0:  # the scalar path reads t_max only then
+                    kv_notes[j] += max_notes[j]
+                    tm, tx = attn[j], t_max[j]
+                    attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
+        base = self._dense_total[nd] + self._seq_total[nd]
+        layers = self.model.num_hidden_layers
         grid_notes = [axis for axis, off in (("tokens", nd > self._grid_tokens),
                                              ("sequences", nd > self._grid_seqs)) if off]
-        kv_booked = np.cumsum(kv_notes).tolist()
+        kv_booked = list(accumulate(kv_notes))
 
         def record(k: int) -> None:
             if k <= 0:
@@ -563,20 +635,20 @@ class MeasuredProvider(LatencyProvider):
             if kv_booked[k - 1]:
                 self._extrap["kv_decode"] = self._extrap.get("kv_decode", 0) + kv_booked[k - 1]
 
-        return DecodeStretch(total.tolist(), record)
+        return DecodeStretch([base + max(1, int(a)) * layers for a in attn], record)
 
-    def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kd: np.ndarray,
-                      notes: np.ndarray) -> np.ndarray | None:
-        """``_over_nd`` (decode count inside the grid, no prefill KV) over many decode KVs."""
+    def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kds: range,
+                      notes: list[int]) -> list[float] | None:
+        """``_over_nd`` (decode count inside the grid, no prefill KV) at many decode KVs."""
         nds = self._nd_axis.vals
-        c0 = self._slice_many(pc, nds[nlo], kd, notes)
+        c0 = self._slice_many(pc, nds[nlo], kds, notes)
         if nhi == nlo or c0 is None:
             return c0
-        c1 = self._slice_many(pc, nds[nhi], kd, notes)
-        return None if c1 is None else c0 + nt * (c1 - c0)
+        c1 = self._slice_many(pc, nds[nhi], kds, notes)
+        return None if c1 is None else [a + nt * (b - a) for a, b in zip(c0, c1)]
 
-    def _slice_many(self, pc: int, nd: int, kd: np.ndarray, notes: np.ndarray) -> np.ndarray | None:
-        """``_slice`` at prefill KV 0 over many decode KVs (``notes`` counts off-grid ones)."""
+    def _slice_many(self, pc: int, nd: int, kds: range, notes: list[int]) -> list[float] | None:
+        """``_slice`` at prefill KV 0 at many decode KVs (``notes`` counts off-grid ones)."""
         s = self._attn.get((pc, nd))
         if s is None:
             pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
@@ -585,54 +657,38 @@ class MeasuredProvider(LatencyProvider):
         lo, hi, t, ex = kp_axis.bracket(0)
         if ex:
             return None
+        line = self._line
         kd_axis, vals, slope = rows[lo]
-        notes += kd > kd_axis.vals[-1]
-        v_lo = self._line_many(kd_axis, vals, kd, slope)
+        top = kd_axis.vals[-1]
+        if kds[-1] > top:
+            for j, q in enumerate(kds):
+                if q > top:
+                    notes[j] += 1
+        v_lo = [line(kd_axis, vals, q, slope) for q in kds]
         if lo == hi:
             return v_lo
         kd_axis, vals, slope = rows[hi]
-        return v_lo + t * (self._line_many(kd_axis, vals, kd, slope) - v_lo)
+        return [a + t * (line(kd_axis, vals, q, slope) - a) for a, q in zip(v_lo, kds)]
 
-    @staticmethod
-    def _line_many(axis: _Axis, vals: list[float], q: np.ndarray, slope: float) -> np.ndarray:
-        """``_line`` over many query points."""
-        keys = np.asarray(axis.vals, dtype=np.int64)
-        v = np.asarray(vals, dtype=np.float64)
-        n = axis.n
-        if n == 1:
-            lo = hi = np.zeros(len(q), dtype=np.int64)
-            t = np.zeros(len(q))
-        else:
-            i = np.searchsorted(keys, q, side="right")
-            hi = np.minimum(i, n - 1)
-            lo = hi - 1
-            first = q <= keys[0]
-            lo = np.where(first, 0, lo)
-            hi = np.where(first, 0, hi)
-            span = keys[hi] - keys[lo]
-            t = np.where(first, 0.0, (q - keys[lo]) / np.where(first, 1, span))
-        out = v[lo] + t * (v[hi] - v[lo])
-        beyond = q > axis.vals[-1]
-        if beyond.any():
-            out = np.where(beyond, v[-1] + slope * (q - axis.vals[-1]), out)
-        return out
-
-    def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, kv_max: np.ndarray) -> np.ndarray:
-        """``_skew_alpha`` along a stretch: only the longest KV's bucket moves."""
+    def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, steps: int) -> list[float]:
+        """``_skew_alpha`` along a stretch: every bucket but the longest KV's is fixed
+        (the skew rate keeps its value as mean, min and max all grow by one)."""
         ax = self._skew["axes"]
         bins, labels = ax["kv_big_bins"], ax["kv_big_labels"]
-        # _label: the first bucket whose upper edge bins[i + 1] >= v, else the last
-        idx = np.searchsorted(np.asarray(bins[1:len(labels) + 1], dtype=np.float64), kv_max,
-                              side="left")
-        idx = np.minimum(idx, len(labels) - 1)
-        alphas = {}
-        for b in np.unique(idx).tolist():
-            probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
-                               shape.decode_kv_sum, int(kv_max[idx == b][0]),
-                               shape.decode_kv_min + int(kv_max[idx == b][0]) - shape.decode_kv_max)
-            alphas[b] = self._skew_alpha(probe, kv_mean + int(kv_max[idx == b][0])
-                                         - shape.decode_kv_max)
-        return np.array([alphas[b] for b in idx.tolist()], dtype=np.float64)
+        by_label: dict[str, float] = {}
+        out = []
+        for j in range(steps):
+            kv_max = shape.decode_kv_max + j
+            label = self._label(bins, labels, kv_max)
+            alpha = by_label.get(label)
+            if alpha is None:
+                probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
+                                   shape.decode_kv_sum + shape.num_decode * j, kv_max,
+                                   shape.decode_kv_min + j)
+                alpha = by_label[label] = self._skew_alpha(probe, kv_mean + j)
+            out.append(alpha)
+        return out
+
 
 
 
