@@ -193,6 +193,14 @@ class _GraphBackend(ABC):
             return inst.provider.iteration_ns(shape)
         return self._decomposed(inst, shape, load_bytes)
 
+    def decode_stretch(self, inst, shape: BatchShape, steps: int):
+        """``iteration_ns`` of a stretch of pure-decode steps at once (event leaping), where
+        the iteration is the provider's compute alone (one NPU, nothing loaded); None
+        otherwise (the caller times step by step)."""
+        if inst.tp == 1 and inst.pp == 1:
+            return inst.provider.decode_stretch(shape, steps)
+        return None
+
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
         network, memory, key, cache = self._context(inst)
         return decomposed_iteration_ns(

@@ -176,6 +176,9 @@ class SimOptions:
     computation_reuse: bool = option(
         True, "reuse the backend's results for identical iteration parts (LLMServingSim's "
         "computation reuse; off simulates every one anew: same output, slower)")
+    event_leaping: bool = option(
+        True, "advance stretches of pure-decode steps in one computation (sim.leap); off "
+        "steps every iteration (the reference: same output, slower)")
     timeseries_interval_ns: int = option(
         1_000_000_000, "width of the time-series buckets", flag="--timeseries-interval-s",
         cli_type=float, cli_default=1.0, from_cli=lambda s: int(s * 1e9))

@@ -32,11 +32,13 @@ from __future__ import annotations
 import bisect
 import csv
 from array import array
+from itertools import accumulate
 from pathlib import Path
 
 from sim.cache import cached
 from sim.errors import InputError
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
+from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
+                              LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
 from sim.yamlio import safe_load
@@ -586,6 +588,108 @@ class MeasuredProvider(LatencyProvider):
 
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
+
+    # ------------------------------------------------------------------ decode stretches
+    def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
+        """``iteration_ns`` of a stretch of decode steps: the step's prefill chunk, prefill
+        KV and decode count are fixed, so the lookups along the decode-count and chunk
+        axes are made once and only the decode-KV lines are read per step (with the same
+        float operations as the scalar path, so every value is identical)."""
+        nd = shape.num_decode
+        if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
+                or self._moe is not None or nd >= len(self._dense_total)
+                or nd >= len(self._seq_total)):
+            return None
+        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
+        plo, phi, _, pex = self._pc_axis.bracket(0)
+        if nex or pex or plo != phi:
+            return None
+        pc = self._pc_axis.vals[plo]
+        kd0 = shape.decode_kv_sum // nd
+        kv_notes = [0] * steps
+        attn = self._over_nd_many(pc, nlo, nhi, nt, range(kd0, kd0 + steps), kv_notes)
+        if attn is None:
+            return None
+        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd0:
+            kv_max = range(shape.decode_kv_max, shape.decode_kv_max + steps)
+            max_notes = [0] * steps
+            t_max = self._over_nd_many(pc, nlo, nhi, nt, kv_max, max_notes)
+            if t_max is None:
+                return None
+            for j, alpha in enumerate(self._skew_alpha_many(shape, kd0, steps)):
+                if alpha != 0.0:  # the scalar path reads t_max only then
+                    kv_notes[j] += max_notes[j]
+                    tm, tx = attn[j], t_max[j]
+                    attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
+        base = self._dense_total[nd] + self._seq_total[nd]
+        layers = self.model.num_hidden_layers
+        grid_notes = [axis for axis, off in (("tokens", nd > self._grid_tokens),
+                                             ("sequences", nd > self._grid_seqs)) if off]
+        kv_booked = list(accumulate(kv_notes))
+
+        def record(k: int) -> None:
+            if k <= 0:
+                return
+            for axis in grid_notes:
+                self._extrap[axis] = self._extrap.get(axis, 0) + k
+            if kv_booked[k - 1]:
+                self._extrap["kv_decode"] = self._extrap.get("kv_decode", 0) + kv_booked[k - 1]
+
+        return DecodeStretch([base + max(1, int(a)) * layers for a in attn], record)
+
+    def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kds: range,
+                      notes: list[int]) -> list[float] | None:
+        """``_over_nd`` (decode count inside the grid, no prefill KV) at many decode KVs."""
+        nds = self._nd_axis.vals
+        c0 = self._slice_many(pc, nds[nlo], kds, notes)
+        if nhi == nlo or c0 is None:
+            return c0
+        c1 = self._slice_many(pc, nds[nhi], kds, notes)
+        return None if c1 is None else [a + nt * (b - a) for a, b in zip(c0, c1)]
+
+    def _slice_many(self, pc: int, nd: int, kds: range, notes: list[int]) -> list[float] | None:
+        """``_slice`` at prefill KV 0 at many decode KVs (``notes`` counts off-grid ones)."""
+        s = self._attn.get((pc, nd))
+        if s is None:
+            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
+            s = self._attn[(pc, nd)]
+        kp_axis, rows = s
+        lo, hi, t, ex = kp_axis.bracket(0)
+        if ex:
+            return None
+        line = self._line
+        kd_axis, vals, slope = rows[lo]
+        top = kd_axis.vals[-1]
+        if kds[-1] > top:
+            for j, q in enumerate(kds):
+                if q > top:
+                    notes[j] += 1
+        v_lo = [line(kd_axis, vals, q, slope) for q in kds]
+        if lo == hi:
+            return v_lo
+        kd_axis, vals, slope = rows[hi]
+        return [a + t * (line(kd_axis, vals, q, slope) - a) for a, q in zip(v_lo, kds)]
+
+    def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, steps: int) -> list[float]:
+        """``_skew_alpha`` along a stretch: every bucket but the longest KV's is fixed
+        (the skew rate keeps its value as mean, min and max all grow by one)."""
+        ax = self._skew["axes"]
+        bins, labels = ax["kv_big_bins"], ax["kv_big_labels"]
+        by_label: dict[str, float] = {}
+        out = []
+        for j in range(steps):
+            kv_max = shape.decode_kv_max + j
+            label = self._label(bins, labels, kv_max)
+            alpha = by_label.get(label)
+            if alpha is None:
+                probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
+                                   shape.decode_kv_sum + shape.num_decode * j, kv_max,
+                                   shape.decode_kv_min + j)
+                alpha = by_label[label] = self._skew_alpha(probe, kv_mean + j)
+            out.append(alpha)
+        return out
+
+
 
 
     @classmethod
