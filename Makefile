@@ -36,7 +36,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check sim dse astra-sim/astrasim tests experiments
 
+# Bytecode first, as any run leaves it (pip compiles an installed package; an editable
+# install under PYTHONDONTWRITEBYTECODE=1 would otherwise recompile sim/ in every process).
 bench: $(STAMP)
+	$(BIN)/python -m compileall -q sim astra-sim/astrasim
 	$(BIN)/python experiments/bench_replay.py
 
 validate: $(STAMP)

@@ -8,15 +8,8 @@ child run per trial under one parent run (``sqlite:///DIR/mlflow.db`` by default
 ``trials.csv``, ``pareto.csv`` (feasible non-dominated trials), ``report.html`` and
 ``best/`` (cluster JSON + ``vllm serve`` command per Pareto configuration).
 
-Space file fields (see ``search_spaces/quickstart.yaml``): ``model``, ``hardware`` (a name
-or a list), ``budget`` {total_devices, devices_per_node, price_per_device_hour},
-``cluster`` {link_bw, link_latency, cpu_mem, mem_util, npu_mem_size, npu_mem_bw},
-``workload`` {file, limit} or {generate: sim workload spec}, ``slo`` {p50|p90|p95|p99|mean
-_ ttft|tpot|itl|e2e _ms, attainment {target, ttft_ms, tpot_ms, e2e_ms}}, ``objectives``,
-``knobs`` (value, list, {values}, or {low, high, step, log}), ``simulator``
-{latency_provider, backend, seed}, ``capacity`` {enabled, start_rate, max_rate, tolerance,
-max_probes}, ``search`` {sampler (auto, nsga2, tpe, random, grid), n_trials, timeout_s, seed, workers,
-population_size, trial_timeout_s, initial_design, local_search}.
+Space file fields: the pydantic models in ``dse/schema.py`` (the README's field reference
+is generated from them, ``python -m dse.reference``); examples in ``search_spaces/``.
 """
 
 from dse.space import Space, load_space, parse_space

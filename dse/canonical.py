@@ -22,7 +22,7 @@ from typing import Any
 
 from dse.space import KNOB_DEFAULTS, KNOB_ORDER, Space, pd_split
 
-__all__ = ["canonical_params", "config_key", "entry_instances", "effective_split"]
+__all__ = ["canonical_params", "config_key", "entry_instances", "effective_split", "inert_knobs"]
 
 
 def _replicas(space: Space, params: dict) -> int:
@@ -47,32 +47,53 @@ def entry_instances(space: Space, params: dict) -> int:
     return split[0] if split is not None else _replicas(space, params)
 
 
+def inert_knobs(space: Space, params: dict[str, Any]) -> set[str]:
+    """The knobs of (completed) ``params`` that cannot change the simulated result: the
+    router's policy with one entry instance, the PD ratio without PD, ``dp`` on a dense model,
+    lower prefix tiers without prefix caching, a shared tier with one instance per node,
+    sub-batch interleaving without PIM or with pipeline stages."""
+    p = params
+    inert: set[str] = set()
+    if entry_instances(space, p) <= 1:
+        inert.add("routing_policy")
+    if effective_split(space, p) is None:
+        inert.add("pd_ratio")
+    if not space.is_moe:
+        inert.add("dp")
+    if not p.get("enable_prefix_caching", True):
+        inert.add("prefix_tier")
+    per_instance = int(p["tp"]) * int(p["pp"])
+    per_node = max(1, space.devices_per_node // per_instance) if per_instance else 1
+    if "prefix_tier" in inert or p.get("prefix_tier", "npu") == "npu" \
+            or min(per_node, _replicas(space, p)) <= 1:
+        inert.add("prefix_sharing")
+    if p.get("pim_mode", "off") == "off" or int(p["pp"]) > 1:
+        inert.add("sub_batch_interleaving")
+    return inert
+
+
 def canonical_params(space: Space, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` completed with defaults, every no-effect knob set to its default and
-    ``pd_ratio`` written as the split it realises (e.g. '3:1' for 2:1 and 3:1 on 4
-    replicas). Keys starting with '_' are dropped."""
+    """``params`` completed with defaults, every no-effect knob (:func:`inert_knobs`) set to
+    its default and ``pd_ratio`` written as the split it realises (e.g. '3:1' for 2:1 and
+    3:1 on 4 replicas). Keys starting with '_' are dropped."""
     p = {k: v for k, v in space.complete(dict(params)).items() if not k.startswith("_")}
     p["replicas"] = _replicas(space, p)
-    per_instance = int(p["tp"]) * int(p["pp"])
+    inert = inert_knobs(space, p)
     split = effective_split(space, p)
     if split is None:
         p.pop("pd_ratio", None)
         p["pd"] = False
     else:
         p["pd_ratio"] = f"{split[0]}:{split[1]}"
-    if entry_instances(space, p) <= 1:
+    if "routing_policy" in inert:
         p["routing_policy"] = KNOB_DEFAULTS["routing_policy"]
     # DP groups are consecutive replicas; only MoE instances step together in them.
-    dp = min(int(p.get("dp", 1)), p["replicas"])
-    p["dp"] = dp if space.is_moe else 1
-    if not p.get("enable_prefix_caching", True):
+    p["dp"] = 1 if "dp" in inert else min(int(p.get("dp", 1)), p["replicas"])
+    if "prefix_tier" in inert:
         p["prefix_tier"] = KNOB_DEFAULTS["prefix_tier"]
-    if p.get("prefix_tier", "npu") == "npu":
+    if "prefix_sharing" in inert:
         p["prefix_sharing"] = False
-    per_node = max(1, space.devices_per_node // per_instance) if per_instance else 1
-    if min(per_node, p["replicas"]) <= 1:
-        p["prefix_sharing"] = False  # one instance per node: shared == private
-    if p.get("pim_mode", "off") == "off" or int(p["pp"]) > 1:
+    if "sub_batch_interleaving" in inert:
         p["sub_batch_interleaving"] = False
     order = {k: i for i, k in enumerate(KNOB_ORDER)}
     return dict(sorted(p.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dse.vocab import BACKENDS
 from sim.errors import EXIT_INPUT_ERROR, InputError
 
 
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
                    "Ray cluster); 0 runs trials in this process without Ray")
     s.add_argument("--ray-address", help="join this Ray cluster, HOST:PORT of its head "
                    "(also RAY_ADDRESS); default: start a local Ray")
-    s.add_argument("--backend", choices=("auto", "inproc", "subprocess"),
+    s.add_argument("--backend", choices=BACKENDS,
                    help="system simulator of each worker: subprocess = one long-lived "
                         "astra-sim process per worker, inproc = in the worker's process, "
                         "auto (default) = subprocess on Ray actors, inproc with --workers 0 "
@@ -138,7 +139,9 @@ def cmd_search(a) -> int:
           + (f"; {res.repeats} repeated configuration(s) answered from stored results"
              if res.repeats else "")
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
-             else "") + f"; MLflow logging {res.tracking_s:.1f}s")
+             else ""))
+    for line in driver.timing_lines():
+        print("  " + line)
     print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
     print(f"Report: {out / 'report.html'}   all trials: {out / 'trials.csv'}   "
           f"configs: {out / 'best'}/")
@@ -205,7 +208,10 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
         cells = []
         for c in cols:
             v = row[c]
-            cells.append(f"{v:.4g}" if isinstance(v, float) and c != "trial" else str(v))
+            if v is None or (isinstance(v, float) and v != v):
+                cells.append("-")  # a knob with no effect on this configuration, or no value
+            else:
+                cells.append(f"{v:.4g}" if isinstance(v, float) and c != "trial" else str(v))
         t.add_row(*cells)
     console.print(t)
     return 0

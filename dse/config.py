@@ -12,13 +12,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from dse.space import Space, pd_split
+from dse.space import OPTION_KNOBS, Space, pd_split
 from sim.errors import InputError
-
-#: knobs that become SimOptions fields (the rest shape the cluster)
-OPTION_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-                "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                "routing_policy", "all2all_backend")
+from sim.options import DEFAULT_MEM_UTIL
 
 
 def devices_per_instance(params: dict) -> int:
@@ -56,7 +52,7 @@ def build_cluster(space: Space, params: dict) -> dict:
         "model_name": space.model, "hardware": hw,
         "npu_mem": {"mem_size": cd.get("npu_mem_size") or info.mem_size_GiB,
                     "mem_bw": cd.get("npu_mem_bw") or info.mem_bw_GBps,
-                    "mem_latency": 0, "mem_util": cd.get("mem_util", 0.9)},
+                    "mem_latency": 0, "mem_util": cd.get("mem_util", DEFAULT_MEM_UTIL)},
         "num_npus": per, "tp_size": int(params["tp"]), "pp_size": int(params["pp"]),
     }
     if space.is_moe:
@@ -80,13 +76,13 @@ def build_cluster(space: Space, params: dict) -> dict:
                                        for o in space.objectives):
             node["power"] = cd.get("power") or default_power_block(hw, info)
         nodes.append(node)
-    out = {
-        "num_nodes": len(nodes),
-        "link_bw": cd.get("link_bw") or info.link_bw_GBps or 16.0,
-        "link_latency": cd.get("link_latency") if cd.get("link_latency") is not None
-        else (info.link_latency_ns or 0),
-        "nodes": nodes,
-    }
+    # The space's own link figures, as a cluster file reads them (sim/topology.py: the
+    # GPU-to-GPU path, 2^30 B/s, ns per message); left out, the catalogue's physical link.
+    out: dict[str, Any] = {"num_nodes": len(nodes)}
+    for key in ("link_bw", "link_latency"):
+        if cd.get(key) is not None:
+            out[key] = cd[key]
+    out["nodes"] = nodes
     if params.get("collective_algorithm", "ring") != "ring":
         out["collective_algorithm"] = params["collective_algorithm"]
     if params.get("prefix_tier", "npu") == "cxl":
@@ -115,11 +111,9 @@ def default_power_block(hw: str, info) -> dict:
 
 def sim_options(space: Space, params: dict) -> dict:
     """Keyword arguments for ``sim.SimOptions``."""
-    opts = {k: params[k] for k in OPTION_KNOBS if k in params}
-    if params.get("quantization", "none") != "none":
-        opts["quantization"] = params["quantization"]
-    if params.get("kv_cache_dtype", "auto") != "auto":
-        opts["kv_cache_dtype"] = params["kv_cache_dtype"]
+    # knobs of SimOptions fields as declared in sim/options.py (the rest shape the cluster)
+    opts = {k: spec.to_option(params[k]) for k, spec in OPTION_KNOBS.items() if k in params}
+    opts = {k: v for k, v in opts.items() if v is not None}  # None: SimOptions' default
     opts["latency_provider"] = space.simulator["latency_provider"]
     opts["backend"] = space.simulator["backend"]
     opts["seed"] = space.simulator["seed"]

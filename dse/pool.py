@@ -37,7 +37,8 @@ MAX_ATTEMPTS = 2  # first try + one retry on a fresh actor
 class _Job:
     task: dict
     attempt: int = 1
-    started: float = field(default_factory=time.monotonic)
+    #: when it started on its actor (None while it waits behind another trial there)
+    started: float | None = field(default_factory=time.monotonic)
     errors: list[str] = field(default_factory=list)
 
 
@@ -173,81 +174,114 @@ def cluster_cpus() -> int:
 
 
 class RayPool:
-    """A pool of long-lived :class:`SimWorker` actors."""
+    """A pool of long-lived :class:`SimWorker` actors, each given up to ``depth`` trials at
+    once: the next trial waits in the actor's own queue while it simulates the current
+    one, so it starts the moment the last one ends, not after the driver has recorded it
+    and asked for another. An actor runs its trials one after the other (``run`` in its
+    default concurrency group, of one thread); ``pid``/``where`` answer from a group of
+    their own while it is busy."""
 
     kind = "ray"
+    #: the actors' concurrency group for pid()/where() (run() keeps the default, serial)
+    CONTROL = "control"
 
     def __init__(self, space: Space, workers: int | None = None, *, address: str | None = None,
-                 trial_timeout_s: float = 600.0) -> None:
+                 trial_timeout_s: float = 600.0, depth: int = 2) -> None:
         self.space = space
         self.requested = workers
         self.address = address
         self.trial_timeout_s = trial_timeout_s
+        self.depth = max(1, depth)
         self.size = 0
         self._started_ray = False
-        self._idle: list[Any] = []
+        self._actors: list[Any] = []  # placed and alive
+        self._queue: dict[Any, deque] = {}  # actor -> its submitted refs, in order
         self._starting: dict[Any, Any] = {}  # where() ref -> actor, not placed yet
         self._running: dict[Any, tuple[Any, _Job]] = {}  # ref -> (actor, job)
         self._pending: deque[_Job] = deque()
         self._space_ref = None
         self._actor_cls = None
+        self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> RayPool:
         import ray
 
+        t0 = time.perf_counter()
         self._started_ray = init_ray(self.address)
+        self.timings["ray_init_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
         avail = cluster_cpus()
         if avail < 1:
             raise InputError("the Ray cluster has no free CPU for workers (available: "
                              f"{ray.available_resources()}); free some, or run --workers 0")
         self.size = min(self.requested, avail) if self.requested else avail
-        self._actor_cls = ray.remote(SimWorker).options(
-            num_cpus=1, max_restarts=0, max_task_retries=0,
-            max_concurrency=2)  # so pid() answers while run() is busy
+        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0,
+                                     concurrency_groups={self.CONTROL: 1})(SimWorker)
         self._space_ref = ray.put(self.space)
         actors = [self._actor_cls.remote(self._space_ref) for _ in range(self.size)]
-        _, not_ready = ray.wait([a.pid.remote() for a in actors], num_returns=len(actors),
-                                timeout=START_TIMEOUT_S)
+        _, not_ready = ray.wait([self._control(a, "pid") for a in actors],
+                                num_returns=len(actors), timeout=START_TIMEOUT_S)
         if not_ready:
             for a in actors:
                 ray.kill(a)
             raise RuntimeError(f"{len(not_ready)} of {len(actors)} Ray workers did not start "
                                f"within {START_TIMEOUT_S:.0f}s")
-        self._idle = actors
+        for a in actors:
+            self._add_actor(a)
+        self.timings["actors_s"] = time.perf_counter() - t1
         return self
+
+    def _control(self, actor, method: str):
+        return getattr(actor, method).options(concurrency_group=self.CONTROL).remote()
+
+    def _add_actor(self, actor) -> None:
+        self._actors.append(actor)
+        self._queue[actor] = deque()
+
+    def _drop_actor(self, actor) -> bool:
+        """Forget a dead (or killed) actor; False if it was already forgotten."""
+        if actor not in self._queue:
+            return False
+        self._actors.remove(actor)
+        del self._queue[actor]
+        return True
 
     def shutdown(self) -> None:
         import ray
 
-        for a in (self._idle + list(self._starting.values())
-                  + [a for a, _ in self._running.values()]):
+        for a in self._actors + list(self._starting.values()):
             try:
                 ray.kill(a)
             except Exception as exc:  # noqa: BLE001 - already gone
                 log.debug("kill: %s", exc)
-        self._idle, self._running, self._starting = [], {}, {}
+        self._actors, self._queue, self._running, self._starting = [], {}, {}, {}
         if self._started_ray:
             ray.shutdown()
 
     # ---------------------------------------------------------------- work
     @property
     def free(self) -> int:
-        """Trials that could start now: placed, idle actors not claimed by a queued job."""
-        return max(0, len(self._idle) - len(self._pending))
+        """Trials that could be handed out now: open places in the placed actors' queues
+        not claimed by a job waiting here."""
+        slots = sum(self.depth - len(q) for q in self._queue.values())
+        return max(0, slots - len(self._pending))
 
     @property
     def in_flight(self) -> int:
         return len(self._running) + len(self._pending)
 
     def pids(self) -> dict[int, int]:
-        """Worker process ids of the actors now running a trial: trial number -> pid."""
+        """Worker process ids of the actors now running a trial: trial number -> pid
+        (trials still queued behind another on their actor are left out)."""
         import ray
 
         out = {}
         for actor, job in list(self._running.values()):
+            if job.started is None:
+                continue
             try:
-                out[job.task["number"]] = ray.get(actor.pid.remote(), timeout=10)
+                out[job.task["number"]] = ray.get(self._control(actor, "pid"), timeout=10)
             except Exception as exc:  # noqa: BLE001 - busy or gone: skip it
                 log.debug("pid: %s", exc)
         return out
@@ -257,9 +291,9 @@ class RayPool:
         self._dispatch()
 
     def _replace_actor(self) -> None:
-        """Start a replacement actor; it joins the idle list once Ray has placed it."""
+        """Start a replacement actor; it joins the pool once Ray has placed it."""
         actor = self._actor_cls.remote(self._space_ref)
-        self._starting[actor.where.remote()] = actor
+        self._starting[self._control(actor, "where")] = actor
 
     def _adopt_started(self) -> None:
         import ray
@@ -271,18 +305,24 @@ class RayPool:
             actor = self._starting.pop(ref)
             try:
                 ray.get(ref, timeout=10)
-                self._idle.append(actor)
+                self._add_actor(actor)
             except Exception as exc:  # noqa: BLE001 - died before it was placed: try again
                 log.debug("replacement actor failed to start: %s", exc)
                 self._replace_actor()
 
     def _dispatch(self) -> None:
         self._adopt_started()
-        while self._pending and self._idle:
+        while self._pending:
+            open_ = [a for a in self._actors if len(self._queue[a]) < self.depth]
+            if not open_:
+                return
+            actor = min(open_, key=lambda a: len(self._queue[a]))  # an idle one first
             job = self._pending.popleft()
-            actor = self._idle.pop()
-            job.started = time.monotonic()
-            self._running[actor.run.remote(job.task)] = (actor, job)
+            # a trial queued behind another starts (for its timeout) when that one ends
+            job.started = time.monotonic() if not self._queue[actor] else None
+            ref = actor.run.remote(job.task)
+            self._queue[actor].append(ref)
+            self._running[ref] = (actor, job)
 
     def poll(self, timeout: float = 0.5) -> list[TrialResult]:
         """Results that finished within ``timeout`` seconds (retries handled here)."""
@@ -300,13 +340,13 @@ class RayPool:
             ready += more
         out: list[TrialResult] = []
         for ref in ready:
-            self._collect(ref, out)
+            if ref in self._running:  # (not handed back already with its dead actor)
+                self._collect(ref, out)
         now = time.monotonic()
         for ref, (actor, job) in list(self._running.items()):
-            if now - job.started > self.trial_timeout_s:
+            if job.started is not None and now - job.started > self.trial_timeout_s:
                 del self._running[ref]
-                ray.kill(actor)
-                self._replace_actor()
+                self._lose_actor(actor)
                 out.append(TrialResult(job.task["number"], attempts=job.attempt,
                                        error=f"timed out after {self.trial_timeout_s:.0f}s"))
         self._dispatch()
@@ -321,23 +361,50 @@ class RayPool:
             res = ray.get(ref, timeout=30)
             res.attempts = job.attempt
             out.append(res)
-            self._idle.append(actor)
+            self._done_on(actor, ref)
         except (RayActorError, WorkerCrashedError) as exc:
             self._on_death(actor, job, f"worker died: {type(exc).__name__}", out)
         except GetTimeoutError:
             self._on_death(actor, job, "worker did not return its result", out)
         except Exception as exc:  # noqa: BLE001 - a bug in evaluate(): fail the trial
             out.append(TrialResult(job.task["number"], attempts=job.attempt, error=repr(exc)))
-            self._idle.append(actor)
+            self._done_on(actor, ref)
 
-    def _on_death(self, actor, job: _Job, why: str, out: list[TrialResult]) -> None:
+    def _done_on(self, actor, ref) -> None:
+        """``ref`` ended on ``actor``: the next trial in its queue starts now."""
+        q = self._queue.get(actor)
+        if q is None:
+            return
+        if ref in q:
+            q.remove(ref)
+        if q:
+            nxt = self._running.get(q[0])
+            if nxt is not None and nxt[1].started is None:
+                nxt[1].started = time.monotonic()
+
+    def _lose_actor(self, actor) -> None:
+        """Kill an actor and start its replacement; trials queued behind the one it was
+        running never started, and go back to the front of the queue as they were."""
         import ray
 
+        if not self._drop_actor(actor):
+            return
         try:
             ray.kill(actor)
         except Exception as exc:  # noqa: BLE001 - already dead
             log.debug("kill: %s", exc)
         self._replace_actor()
+        queued = [(ref, job) for ref, (a, job) in self._running.items()
+                  if a is actor and job.started is None]
+        for ref, job in reversed(queued):
+            del self._running[ref]
+            self._pending.appendleft(job)
+
+    def _on_death(self, actor, job: _Job, why: str, out: list[TrialResult]) -> None:
+        self._lose_actor(actor)
+        if job.started is None:  # it waited behind the trial the actor died in: not tried
+            self._pending.appendleft(job)
+            return
         job.errors.append(why)
         if job.attempt < MAX_ATTEMPTS:
             log.warning("trial %s: %s; retrying on another worker", job.task["number"], why)

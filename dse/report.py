@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dse import metrics as M
-from dse.canonical import config_key
+from dse.canonical import config_key, inert_knobs
 from dse.config import make_trial_config
 from dse.space import KNOBS, Space
 
@@ -34,9 +34,11 @@ def trials_frame(space: Space, study) -> pd.DataFrame:
         params = space.complete(dict(t.params))
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name,
                                "config": config_key(space, params)}
+        inert = inert_knobs(space, params)
         for k in params:
             if not k.startswith("_"):
-                row[k] = params[k]
+                # A knob that cannot change this configuration's result shows as '-'.
+                row[k] = None if k in inert else params[k]
         objs = ua.get("objectives") or {}
         for o in space.objectives:
             row[o.name] = objs.get(o.name, np.nan)
@@ -112,7 +114,8 @@ def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, 
     workload = None
     rows = []
     for _, row in front.iterrows():
-        params = {k: _py(row[k]) for k in row.index if k in KNOBS and not _isnan(row[k])}
+        params = {k: _py(row[k]) for k in row.index
+                  if k in KNOBS and row[k] is not None and not _isnan(row[k])}
         cfg = make_trial_config(space, int(row["trial"]), params)
         if workload is None:
             workload = _workload(space)

@@ -20,15 +20,12 @@ from typing import Any
 
 import yaml
 
-from sim import ALL2ALL_BACKENDS
+from dse.vocab import SLO_KEYS
 from sim.errors import InputError, read_text_input
-from sim.options import VLLM_BLOCK_SIZES
+from sim.options import KnobSpec, knob_table
 from sim.topology import ALGORITHMS as COLLECTIVE_ALGORITHMS
 
 # ---------------------------------------------------------------- vocabularies
-SLO_STATS = ("mean", "p50", "p90", "p95", "p99")
-SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
-SLO_KEYS = tuple(f"{s}_{m}_ms" for s in SLO_STATS for m in SLO_METRICS)
 ATTAINMENT_KEYS = ("target", "ttft_ms", "tpot_ms", "e2e_ms")
 
 #: objective -> default direction
@@ -42,42 +39,46 @@ OBJECTIVES = {
     "devices_used": "minimize",
     "avg_power": "minimize",
 }
-SAMPLERS = ("auto", "nsga2", "tpe", "random", "grid")
 PREFIX_TIERS = ("npu", "cpu", "cxl")
 PIM_MODES = ("off", "local", "pool")
-BOOL_KNOBS = ("enable_prefix_caching", "enable_chunked_prefill", "pd", "prefix_sharing",
-              "sub_batch_interleaving")
-INT_KNOBS = ("tp", "pp", "ep", "dp", "replicas", "max_num_seqs", "max_num_batched_tokens",
-             "long_prefill_token_threshold", "block_size")
-STR_KNOBS = ("hardware", "prefix_tier", "pim_mode", "routing_policy", "pd_ratio",
-             "collective_algorithm", "all2all_backend", "quantization", "kv_cache_dtype")
-#: vLLM's --quantization values a space may search ("none": the checkpoint's own)
-QUANTIZATIONS = ("none", "fp8")
-#: vLLM's --kv-cache-dtype values a space may search
-KV_CACHE_DTYPES = ("auto", "fp8")
+#: knobs that shape the cluster (dse's own): name -> (type, default; None: none or derived),
+#: in drawing order. Knobs of SimOptions fields are declared in sim/options.py (a field's
+#: ``knob``) and drawn where their declaration says.
+CLUSTER_KNOBS: dict[str, tuple[str, Any]] = {
+    "hardware": ("str", None), "tp": ("int", 1), "pp": ("int", 1), "ep": ("int", 1),
+    "dp": ("int", 1), "replicas": ("int", None), "pd": ("bool", False), "pd_ratio": ("str", None),
+    "pim_mode": ("str", "off"), "sub_batch_interleaving": ("bool", False),
+    "prefix_tier": ("str", "npu"), "prefix_sharing": ("bool", False),
+    "collective_algorithm": ("str", None),
+}
+#: knobs that become SimOptions fields, from their declarations
+OPTION_KNOBS: dict[str, KnobSpec] = {k.name: k for k in knob_table()}
+
+
+def _knob_order() -> tuple[str, ...]:
+    """Structural knobs first so conditions can look at them; each option knob right after
+    the knob its declaration names."""
+    order = list(CLUSTER_KNOBS)
+    for k in OPTION_KNOBS.values():
+        order.insert(order.index(k.after) + 1 if k.after else len(order), k.name)
+    return tuple(order)
+
+
+_KINDS = {**{n: kind for n, (kind, _) in CLUSTER_KNOBS.items()},
+          **{n: k.kind for n, k in OPTION_KNOBS.items()}}
+BOOL_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "bool")
+INT_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "int")
+STR_KNOBS = tuple(n for n, kind in _KINDS.items() if kind == "str")
 KNOBS = INT_KNOBS + BOOL_KNOBS + STR_KNOBS
 #: sampling order: structural knobs first so conditions can look at them
-KNOB_ORDER = ("hardware", "tp", "pp", "ep", "dp", "all2all_backend", "replicas", "pd", "pd_ratio",
-              "pim_mode",
-              "sub_batch_interleaving", "prefix_tier", "prefix_sharing", "max_num_seqs", "max_num_batched_tokens",
-              "long_prefill_token_threshold", "block_size", "enable_prefix_caching",
-              "enable_chunked_prefill", "routing_policy", "collective_algorithm", "quantization",
-              "kv_cache_dtype")
+KNOB_ORDER = _knob_order()
 #: vLLM defaults used when a knob is absent
 KNOB_DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "ep": 1, "dp": 1, "prefix_sharing": False, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
-    "long_prefill_token_threshold": 0, "block_size": 16, "enable_prefix_caching": True,
-    "enable_chunked_prefill": True, "prefix_tier": "npu", "pd": False, "pim_mode": "off",
-    "sub_batch_interleaving": False,
-    "routing_policy": "LOAD", "all2all_backend": ALL2ALL_BACKENDS[0], "quantization": "none",
-    "kv_cache_dtype": "auto",
-}
+    **{n: d for n, (_, d) in CLUSTER_KNOBS.items() if d is not None},
+    **{n: k.default for n, k in OPTION_KNOBS.items()}}
 _PD_RATIO = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 #: a study name becomes the default folder runs/<name>: one path component, no traversal
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-#: system backends: ``auto`` is a long-lived astra-sim process per Ray actor (the design's
-#: shape) and in-process ASTRA-Sim when trials run in the driver (``--workers 0``)
-BACKENDS = ("auto", "subprocess", "inproc")
 
 
 def latency_providers() -> list[str]:
@@ -136,54 +137,45 @@ class Domain:
 
 
 def _check_value(name: str, v: Any, where: str) -> Any:
-    if name in BOOL_KNOBS:
+    kind = _KINDS[name]
+    if kind == "bool":
         if not isinstance(v, bool):
             raise InputError(f"{where}: {name} takes true or false, got {v!r}")
         return v
-    if name in INT_KNOBS:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InputError(f"{where}: {name} takes integers, got {v!r}")
-        lo = 0 if name == "long_prefill_token_threshold" else 1
-        if v < lo:
-            raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
-        if v > 2**31:
-            raise InputError(f"{where}: {name} must be <= 2**31, got {v}")
-        if name == "block_size" and v not in VLLM_BLOCK_SIZES:
-            raise InputError(f"{where}: block_size {v} is not one vLLM accepts; allowed: "
-                             f"{_allowed(VLLM_BLOCK_SIZES)}")
-        return v
+    if kind == "int":
+        return _check_int(name, v, where)
     if name == "pim_mode" and v is False:
         v = "off"  # YAML reads a bare `off` as false
     if not isinstance(v, str):
         raise InputError(f"{where}: {name} takes strings, got {v!r}")
-    if name == "prefix_tier" and v not in PREFIX_TIERS:
-        raise InputError(f"{where}: unknown prefix_tier {v!r}; allowed: {_allowed(PREFIX_TIERS)}")
     if name == "pim_mode" and v == "none":
         v = "off"  # "none" and "off" both mean no PIM offload
-    if name == "pim_mode" and v not in PIM_MODES:
-        raise InputError(f"{where}: unknown pim_mode {v!r}; allowed: {_allowed(PIM_MODES)}")
-    if name == "quantization" and v not in QUANTIZATIONS:
-        raise InputError(f"{where}: unknown quantization {v!r}; allowed: {_allowed(QUANTIZATIONS)}")
-    if name == "kv_cache_dtype" and v not in KV_CACHE_DTYPES:
-        raise InputError(f"{where}: unknown kv_cache_dtype {v!r}; allowed: "
-                         f"{_allowed(KV_CACHE_DTYPES)}")
     if name == "pd_ratio":
         m = _PD_RATIO.match(v)
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
             raise InputError(f"{where}: pd_ratio must look like 'P:D' with P, D >= 1 "
                              f"(e.g. '1:3'), got {v!r}")
-    if name == "collective_algorithm" and v not in COLLECTIVE_ALGORITHMS:
-        raise InputError(f"{where}: unknown collective_algorithm {v!r}; "
-                         f"allowed: {_allowed(COLLECTIVE_ALGORITHMS)}")
-    if name == "all2all_backend" and v not in ALL2ALL_BACKENDS:
-        raise InputError(f"{where}: unknown all2all_backend {v!r}; allowed: "
-                         f"{_allowed(ALL2ALL_BACKENDS)}")
-    if name == "routing_policy":
-        from sim.router import ROUTING_POLICIES
+    allowed = {"prefix_tier": PREFIX_TIERS, "pim_mode": PIM_MODES,
+               "collective_algorithm": COLLECTIVE_ALGORITHMS}.get(name)
+    if name in OPTION_KNOBS:
+        allowed = OPTION_KNOBS[name].values
+    if allowed is not None and v not in allowed:
+        raise InputError(f"{where}: unknown {name} {v!r}; allowed: {_allowed(allowed)}")
+    return v
 
-        known = list(ROUTING_POLICIES.names())
-        if v not in known:
-            raise InputError(f"{where}: unknown routing_policy {v!r}; allowed: {_allowed(known)}")
+
+def _check_int(name: str, v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{where}: {name} takes integers, got {v!r}")
+    spec = OPTION_KNOBS.get(name)
+    lo = spec.minimum if spec else 1
+    if v < lo:
+        raise InputError(f"{where}: {name} must be >= {lo}, got {v}")
+    if v > 2**31:
+        raise InputError(f"{where}: {name} must be <= 2**31, got {v}")
+    if spec and spec.values is not None and v not in spec.values:
+        raise InputError(f"{where}: {name} {v} {spec.refusal}; allowed: "
+                         f"{_allowed(spec.values)}")
     return v
 
 
@@ -393,60 +385,6 @@ class Space:
 
 
 # ---------------------------------------------------------------- loading
-class _Map:
-    """A mapping being read: tracks the path for messages and refuses unknown keys."""
-
-    def __init__(self, data: Any, where: str, allowed: tuple[str, ...] | list[str]):
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise InputError(f"{where}: must be a mapping with fields {_allowed(allowed)}")
-        bad = [k for k in data if k not in allowed]
-        if bad:
-            raise InputError(f"{where}: unknown field {bad[0]!r}; allowed: {_allowed(allowed)}")
-        self.d, self.where = data, where
-
-    def at(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, default=None):
-        return self.d.get(key, default)
-
-    def num(self, key: str, default=None, *, integer=False, minimum=None, exclusive=False,
-            required=False):
-        if key not in self.d or self.d[key] is None:
-            if required:
-                raise InputError(f"{self.at(key)}: required")
-            return default
-        v = self.d[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (integer and int(v) != v):
-            kind = "an integer" if integer else "a (finite) number"
-            raise InputError(f"{self.at(key)}: must be {kind}, got {v!r}")
-        if abs(v) > 1e15:
-            raise InputError(f"{self.at(key)}: must be <= 1e15, got {v!r}")
-        if minimum is not None and (v <= minimum if exclusive else v < minimum):
-            op = ">" if exclusive else ">="
-            raise InputError(f"{self.at(key)}: must be {op} {minimum}, got {v}")
-        return int(v) if integer else float(v)
-
-    def choice(self, key: str, allowed, default=None):
-        v = self.d.get(key, default)
-        if not isinstance(v, (str, int, float, bool, type(None))) or v not in allowed:
-            raise InputError(f"{self.at(key)}: unknown value {v!r}; allowed: {_allowed(allowed)}")
-        return v
-
-    def boolean(self, key: str, default: bool) -> bool:
-        v = self.d.get(key, default)
-        if not isinstance(v, bool):
-            raise InputError(f"{self.at(key)}: must be true or false, got {v!r}")
-        return v
-
-
-TOP_KEYS = ("name", "model", "hardware", "budget", "cluster", "workload", "slo", "objectives",
-            "knobs", "simulator", "capacity", "search")
-
-
 def load_space(path: str | Path) -> Space:
     """Read and validate a search-space YAML file."""
     path = Path(path)
@@ -473,22 +411,48 @@ def parse_space(data: Any, source: str = "<space>", base_dir: Path | None = None
 
 
 def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Space:
-    top = _Map(data, "", TOP_KEYS)
+    from dse import schema
+
     if not isinstance(data, dict) or not data:
-        raise InputError(f"a search space must be a mapping with fields {_allowed(TOP_KEYS)}")
-    # ---- model
-    from sim.hardware import known_hardware, load_hardware
+        raise InputError(f"a search space must be a mapping with fields "
+                         f"{_allowed(schema.TOP_KEYS)}")
+    top = schema.validate(schema.SpaceFile, data)
+    spec = _model_spec(top.model)
+    hw_info = _hardware(top.hardware)
+    objectives = _parse_objectives(top.objectives)
+    knobs = _parse_knobs(top.knobs, list(hw_info))
+    space = Space(
+        path=source, name=_study_name(top.name, source), model=spec.name,
+        hardware=tuple(hw_info), total_devices=top.budget.total_devices,
+        devices_per_node=top.budget.devices_per_node or min(top.budget.total_devices, 8),
+        price_per_device_hour=top.budget.price_per_device_hour,
+        cluster_defaults=_cluster_defaults(top.cluster),
+        workload=_parse_workload(top.workload, base_dir), slo=_slo(top.slo, data),
+        attainment=_attainment(top.slo.attainment), objectives=objectives, knobs=knobs,
+        simulator=top.simulator.model_dump(), capacity=_capacity(top.capacity, data),
+        search=_search(top.search, objectives), raw=data,
+        digest=hashlib.sha256((text or yaml.safe_dump(data, sort_keys=True)).encode())
+        .hexdigest()[:16],
+        is_moe=spec.is_moe, hw_info=hw_info)
+    _check_semantics(space, spec)
+    return space
+
+
+def _model_spec(model: Any):
     from sim.model import known_models, load_model
 
-    model = top.get("model")
     if not isinstance(model, str) or not model:
         raise InputError(f"model: required, one of {_allowed(known_models())}")
     try:
-        spec = load_model(model)
+        return load_model(model)
     except InputError as exc:
         raise InputError(f"model: {exc}") from None
-    # ---- hardware (one or a menu)
-    hw_raw = top.get("hardware")
+
+
+def _hardware(hw_raw: Any) -> dict:
+    """One hardware or a menu of it: catalogue name -> entry."""
+    from sim.hardware import known_hardware, load_hardware
+
     hw_list = hw_raw if isinstance(hw_raw, list) else [hw_raw]
     if hw_raw is None or not hw_list or not all(isinstance(h, str) and h for h in hw_list):
         raise InputError("hardware: required, a name or a list of names; known: "
@@ -502,54 +466,33 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         if info.name in hw_info:
             raise InputError(f"hardware: {h!r} is listed twice (as {info.name!r})")
         hw_info[info.name] = info
-    hw_list = list(hw_info)
-    # ---- budget
-    b = _Map(top.get("budget"), "budget", ("total_devices", "devices_per_node",
-                                             "price_per_device_hour"))
-    total = b.num("total_devices", integer=True, minimum=1, required=True)
-    per_node = b.num("devices_per_node", min(total, 8), integer=True, minimum=1)
-    price = b.num("price_per_device_hour", None, minimum=0)
-    # ---- cluster defaults
-    c = _Map(top.get("cluster"), "cluster", ("link_bw", "link_latency", "cpu_mem", "mem_util",
-                                               "npu_mem_size", "npu_mem_bw"))
-    cluster_defaults = {k: c.num(k, minimum=0, exclusive=k != "link_latency")
-                        for k in ("link_bw", "link_latency", "npu_mem_size", "npu_mem_bw")}
-    cluster_defaults["mem_util"] = c.num("mem_util", 0.9, minimum=0, exclusive=True)
-    if cluster_defaults["mem_util"] > 1:
-        raise InputError(f"cluster.mem_util: must be in (0, 1], got {cluster_defaults['mem_util']}")
-    cpu = _Map(c.get("cpu_mem"), "cluster.cpu_mem", ("mem_size", "mem_bw", "mem_latency"))
-    cluster_defaults["cpu_mem"] = {"mem_size": cpu.num("mem_size", 1024.0, minimum=0, exclusive=True),
-                                   "mem_bw": cpu.num("mem_bw", 512.0, minimum=0, exclusive=True),
-                                   "mem_latency": cpu.num("mem_latency", 0.0, minimum=0)}
-    # ---- workload
-    workload = _parse_workload(top.get("workload"), base_dir)
-    # ---- SLOs
-    slo_raw = top.get("slo") or {}
-    s = _Map(slo_raw, "slo", SLO_KEYS + ("attainment",))
-    slo = {k: s.num(k, minimum=0, exclusive=True) for k in SLO_KEYS if k in slo_raw}
-    attainment = None
-    if s.get("attainment") is not None:
-        a = _Map(s.get("attainment"), "slo.attainment", ATTAINMENT_KEYS)
-        target = a.num("target", 0.9, minimum=0, exclusive=True)
-        if target > 1:
-            raise InputError(f"slo.attainment.target: must be in (0, 1], got {target}")
-        limits = {k: a.num(k, minimum=0, exclusive=True) for k in ATTAINMENT_KEYS[1:]}
-        if not any(limits.values()):
-            raise InputError("slo.attainment: give at least one per-request limit: "
-                             f"{_allowed(ATTAINMENT_KEYS[1:])}")
-        attainment = Attainment(target=target, **limits)
-    # ---- objectives
-    objectives = _parse_objectives(top.get("objectives"))
-    # ---- simulator
-    sm = _Map(top.get("simulator"), "simulator", ("latency_provider", "backend", "seed",
-                                                   "max_sim_time_s"))
-    simulator = {"latency_provider": sm.choice("latency_provider", latency_providers(),
-                                               "auto"),
-                 "backend": sm.choice("backend", BACKENDS, "auto"),
-                 "seed": sm.num("seed", 0, integer=True, minimum=0),
-                 "max_sim_time_s": sm.num("max_sim_time_s", None, minimum=0, exclusive=True)}
-    # ---- knobs
-    kraw = top.get("knobs") or {}
+    return hw_info
+
+
+def _cluster_defaults(c) -> dict:
+    out = {k: getattr(c, k) for k in ("link_bw", "link_latency", "npu_mem_size", "npu_mem_bw")}
+    out["mem_util"] = c.mem_util
+    out["cpu_mem"] = c.cpu_mem.model_dump()
+    return out
+
+
+def _slo(s, data: dict) -> dict[str, float]:
+    given = data.get("slo") or {}
+    return {k: getattr(s, k) for k in SLO_KEYS if k in given}
+
+
+def _attainment(a) -> Attainment | None:
+    if a is None:
+        return None
+    limits = {k: getattr(a, k) for k in ATTAINMENT_KEYS[1:]}
+    if not any(limits.values()):
+        raise InputError("slo.attainment: give at least one per-request limit: "
+                         f"{_allowed(ATTAINMENT_KEYS[1:])}")
+    return Attainment(target=a.target, **limits)
+
+
+def _parse_knobs(kraw: Any, hw_list: list[str]) -> dict[str, Domain]:
+    kraw = kraw or {}
     if not isinstance(kraw, dict):
         raise InputError(f"knobs: must be a mapping of knob -> domain; knobs: {_allowed(KNOBS)}")
     knobs: dict[str, Domain] = {}
@@ -560,100 +503,54 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         knobs[name] = parse_domain(name, raw, f"knobs.{name}")
     if len(hw_list) > 1:
         knobs["hardware"] = Domain("choice", tuple(hw_list))
-    # ---- capacity
-    cap_raw = top.get("capacity")
-    if isinstance(cap_raw, bool):
-        cap_raw = {"enabled": cap_raw}
-    cp = _Map(cap_raw, "capacity", ("enabled", "start_rate", "max_rate", "tolerance",
-                                    "max_probes"))
-    capacity = Capacity(enabled=cp.boolean("enabled", bool(cap_raw)),
-                        start_rate=cp.num("start_rate", 1.0, minimum=0, exclusive=True),
-                        max_rate=cp.num("max_rate", 1000.0, minimum=0, exclusive=True),
-                        tolerance=cp.num("tolerance", 0.05, minimum=0, exclusive=True),
-                        max_probes=cp.num("max_probes", 16, integer=True, minimum=2))
-    # ---- search settings
-    se = _Map(top.get("search"), "search", ("sampler", "n_trials", "timeout_s", "seed",
-                                            "workers", "population_size", "trial_timeout_s",
-                                            "initial_design", "local_search"))
+    return knobs
+
+
+def _capacity(c, data: dict) -> Capacity:
+    given = data.get("capacity")
+    enabled = c.enabled if c.enabled is not None else bool(given)
+    return Capacity(enabled=enabled, start_rate=c.start_rate, max_rate=c.max_rate,
+                    tolerance=c.tolerance, max_probes=c.max_probes)
+
+
+def _search(se, objectives) -> SearchSettings:
     # auto: NSGA-II after an initial design, with local search on enumerable spaces
     # (dse.sampling; experiments/search_quality.py measured the choice)
-    default_sampler = "auto"
-    search = SearchSettings(
-        sampler=se.choice("sampler", SAMPLERS, default_sampler),
-        n_trials=se.num("n_trials", 50, integer=True, minimum=1),
-        timeout_s=se.num("timeout_s", None, minimum=0, exclusive=True),
-        seed=se.num("seed", 0, integer=True, minimum=0),
-        workers=se.num("workers", None, integer=True, minimum=0),
-        population_size=se.num("population_size", 16, integer=True, minimum=2),
-        trial_timeout_s=se.num("trial_timeout_s", 600.0, minimum=0, exclusive=True),
-        initial_design=se.num("initial_design", None, integer=True, minimum=0),
-        local_search=se.num("local_search", None, minimum=0))
+    return SearchSettings(sampler=se.sampler or "auto", n_trials=se.n_trials,
+                          timeout_s=se.timeout_s, seed=se.seed, workers=se.workers,
+                          population_size=se.population_size,
+                          trial_timeout_s=se.trial_timeout_s,
+                          initial_design=se.initial_design, local_search=se.local_search)
 
-    if search.local_search is not None and search.local_search > 1:
-        raise InputError(f"search.local_search: a share of the draws, 0 to 1; got "
-                         f"{search.local_search}")
 
-    name = top.get("name")
+def _study_name(name: Any, source: str) -> str:
     if name is None:  # from the file name, made safe for runs/<name>
         name = re.sub(r"[^A-Za-z0-9._-]", "-", Path(source).stem).lstrip("._-")[:100] or "space"
     if not isinstance(name, str) or not _NAME.match(name):
         raise InputError(f"name: {name!r} is not a study name; use letters, digits, '.', '_' "
                          "or '-' (it names the folder runs/<name>), starting with a letter or "
                          "digit, at most 100 characters")
-    space = Space(
-        path=source, name=name, model=spec.name,
-        hardware=tuple(hw_list), total_devices=total, devices_per_node=per_node,
-        price_per_device_hour=price, cluster_defaults=cluster_defaults, workload=workload,
-        slo=slo, attainment=attainment, objectives=objectives, knobs=knobs,
-        simulator=simulator, capacity=capacity, search=search, raw=data,
-        digest=hashlib.sha256((text or yaml.safe_dump(data, sort_keys=True)).encode())
-        .hexdigest()[:16],
-        is_moe=spec.is_moe, hw_info=hw_info)
-    _check_semantics(space, spec)
-    return space
+    return name
 
 
 def _parse_workload(raw: Any, base_dir: Path) -> dict:
-    w = _Map(raw, "workload", ("file", "limit", "generate"))
+    from dse import schema
+
     if raw is None:
         raise InputError("workload: required; give 'file: trace.jsonl' or 'generate: {...}'")
-    has_file, has_gen = w.get("file") is not None, w.get("generate") is not None
-    if has_file == has_gen:
+    w = schema.validate(schema.Workload, raw, "workload")
+    if (w.file is not None) == (w.generate is not None):
         raise InputError("workload: give exactly one of 'file' (a JSONL trace) or 'generate' "
                          "(a generator spec)")
-    if has_file:
-        raw_path = w.get("file")
-        if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
-            raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
-        p = Path(raw_path)
-        if not p.is_absolute():
-            p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
-        if not p.is_file():
-            raise InputError(f"workload.file: no such file {str(p)!r}")
-        limit = w.num("limit", None, integer=True, minimum=1)
-        import sim
-
-        try:  # every line checked now, not by each trial
-            sim.load_jsonl(p, limit=limit)
-        except InputError as exc:
-            raise InputError(f"workload.file: {exc}") from None
-        return {"kind": "file", "path": str(p.resolve()), "limit": limit}
-    gen = w.get("generate")
-    allowed = ("num_requests", "arrival", "rate", "cv", "input", "output", "seed",
-               "concurrency", "sample_file")
-    g = _Map(gen, "workload.generate", allowed)
-    g.choice("arrival", ("poisson", "gamma"), "poisson")
-    g.num("num_requests", 100, integer=True, minimum=1)
-    g.num("rate", 10.0, minimum=0, exclusive=True)
-    g.num("cv", 1.0, minimum=0, exclusive=True)
-    g.num("concurrency", 0, integer=True, minimum=0)
+    if w.file is not None:
+        return _workload_file(w.file, w.limit, base_dir)
+    gen = w.generate
+    schema.validate(schema.Generate, gen, "workload.generate")
     gen = dict(gen)
     for key in ("input", "output"):
         v = gen.get(key)
         if isinstance(v, dict):
-            d = _Map(v, f"workload.generate.{key}", ("kind", "value", "low", "high", "theta",
-                                                      "path"))
-            d.choice("kind", ("fixed", "uniform", "zipf", "file"), "fixed")
+            schema.validate(schema.Length, v, f"workload.generate.{key}")
             if isinstance(v.get("path"), str) and v["path"] and "\0" not in v["path"]:
                 gen[key] = {**v, "path": str((base_dir / v["path"]).resolve())}
         elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -668,7 +565,26 @@ def _parse_workload(raw: Any, base_dir: Path) -> dict:
     return {"kind": "generate", "spec": gen}
 
 
+def _workload_file(raw_path: Any, limit: int | None, base_dir: Path) -> dict:
+    if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
+        raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
+    p = Path(raw_path)
+    if not p.is_absolute():
+        p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
+    if not p.is_file():
+        raise InputError(f"workload.file: no such file {str(p)!r}")
+    import sim
+
+    try:  # every line checked now, not by each trial
+        sim.load_jsonl(p, limit=limit)
+    except InputError as exc:
+        raise InputError(f"workload.file: {exc}") from None
+    return {"kind": "file", "path": str(p.resolve()), "limit": limit}
+
+
 def _parse_objectives(raw: Any) -> tuple[Objective, ...]:
+    from dse import schema
+
     if raw is None:
         raw = ["throughput_per_device", "p99_ttft"]
     if not isinstance(raw, list) or not raw:
@@ -679,8 +595,8 @@ def _parse_objectives(raw: Any) -> tuple[Objective, ...]:
         if isinstance(item, str):
             name, direction = item, None
         elif isinstance(item, dict):
-            o = _Map(item, where, ("name", "direction"))
-            name, direction = o.get("name"), o.get("direction")
+            o = schema.validate(schema.ObjectiveItem, item, where)
+            name, direction = o.name, o.direction
         else:
             raise InputError(f"{where}: an objective name or {{name, direction}}")
         if name not in OBJECTIVES:

@@ -31,11 +31,13 @@ from dse.space import Space, load_space
 from dse.store import (
     JOURNAL,
     SPACE_COPY,
+    SPOOL,
     STUDY_FILES,
     STUDY_JSON,
     StudyLock,
     check_out_dir,
     default_tracking_uri,
+    driver_journal,
     open_storage,
     open_tracker,
     read_meta,
@@ -94,6 +96,8 @@ class SearchSummary:
     repeats: int = 0
     #: where the trials ran: "ray (N workers)" or "in-process"
     pool: str = ""
+    #: where the seconds went (see :meth:`Driver.timing_lines`)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class Driver:
@@ -118,7 +122,11 @@ class Driver:
         self.progress = progress
         self.pool = pool
         self.console = console
+        #: the MLflow writer (dse.tracking.TrackingWriter), set by _open_tracking
         self.tracker = None
+        self._journal = None
+        self._stale: list[int] = []
+        self.timings: dict[str, float] = {}
         self.requeued = 0
         self.resumed = False
         self.repeats = 0
@@ -176,12 +184,21 @@ class Driver:
     def _save_meta(self, meta: dict) -> None:
         save_meta(self.out, meta)
 
+    @property
+    def _meta_lock(self):
+        if getattr(self, "_meta_lock_obj", None) is None:
+            import threading
+
+            self._meta_lock_obj = threading.Lock()
+        return self._meta_lock_obj
+
     def _open_study(self):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        self._storage = open_storage(self.out)
+        self._journal = driver_journal(self.out)
+        self._storage = open_storage(self.out, self._journal)
         study = optuna.create_study(
             storage=self._storage,
             sampler=make_sampler(self.space, self.seed, self.deterministic, self.n_trials),
@@ -199,6 +216,7 @@ class Driver:
         storage = getattr(self, "_storage", None) or open_storage(self.out)
         study_id = storage.get_study_id_from_name(study.study_name)
         stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        self._stale = [t.number for t in stale]
         numbers = []
         for t in stale:
             params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
@@ -233,8 +251,10 @@ class Driver:
 
         if self.workers == 0:
             return LocalPool(self.space).start()
-        return RayPool(self.space, self.workers or None, address=self.ray_address,
+        pool = RayPool(self.space, self.workers or None, address=self.ray_address,
                        trial_timeout_s=self.space.search.trial_timeout_s).start()
+        self.timings.update(pool.timings)
+        return pool
 
     # ---------------------------------------------------------------- trials
     def _task(self, cfg) -> dict:
@@ -277,8 +297,10 @@ class Driver:
                               "feasible": False, "rejected": True, "reason": reason})
 
     def _record(self, study, trial, cfg, outcome: Outcome) -> None:
-        """Track in MLflow, then tell Optuna (so a kill between the two re-runs the trial);
-        then answer the repeats that waited for this configuration."""
+        """Spool the trial for MLflow (its writer thread logs it later), then tell Optuna:
+        a kill between the two re-runs the trial and drops its spool file; a kill after
+        the tell leaves the spool file, which the next run logs. Then answer the repeats
+        that waited for this configuration."""
         self._tell(study, trial, cfg, outcome)
         key = config_key(self.space, cfg.params)
         self._evaluating.pop(key, None)
@@ -371,22 +393,50 @@ class Driver:
 
     # ---------------------------------------------------------------- main loop
     def _open_tracking(self, meta: dict, requeue: list[int]) -> None:
+        """Start the MLflow writer thread: it opens the store and the parent run while the
+        workers start (both take seconds), then logs each trial as it is told. Trials a
+        killed driver told but had not logged yet are logged first; those it had not told
+        (re-run now) are dropped from the spool."""
+        from dse.tracking import TrackingWriter
+
         uri = self.tracking_uri or meta.get("tracking_uri") or default_tracking_uri(self.out)
         meta["tracking_uri"] = uri
-        self.tracker = open_tracker(uri, self.out, f"dse-{self.space.name}")
-        meta["mlflow_parent_run_id"] = self.tracker.open_parent(
-            meta.get("mlflow_parent_run_id"), f"{self.space.name} study",
-            params={"space": self.space.path, "n_trials": self.n_trials,
-                    "objectives": [f"{o.name}:{o.direction}" for o in self.space.objectives],
-                    "slo": self.space.slo, "model": self.space.model,
-                    "hardware": list(self.space.hardware),
-                    "total_devices": self.space.total_devices,
-                    **{f"sampler.{k}": v for k, v in sampler_settings(
-                        self.space, self.seed, self.deterministic, self.n_trials).items()}},
-            tags={"dse.out_dir": str(self.out.resolve()), "dse.space_digest": self.space.digest,
-                  **{f"version.{k}": v for k, v in meta["versions"].items()}})
-        self.tracker.delete_trial_runs(requeue)
-        meta["experiment_id"] = self.tracker.experiment_id
+        parent_params = {
+            "space": self.space.path, "n_trials": self.n_trials,
+            "objectives": [f"{o.name}:{o.direction}" for o in self.space.objectives],
+            "slo": self.space.slo, "model": self.space.model,
+            "hardware": list(self.space.hardware),
+            "total_devices": self.space.total_devices,
+            **{f"sampler.{k}": v for k, v in sampler_settings(
+                self.space, self.seed, self.deterministic, self.n_trials).items()}}
+        parent_tags = {"dse.out_dir": str(self.out.resolve()),
+                       "dse.space_digest": self.space.digest,
+                       **{f"version.{k}": v for k, v in meta["versions"].items()}}
+        experiment = f"dse-{self.space.name}"
+
+        def connect():
+            t0 = time.perf_counter()
+            tracker = open_tracker(uri, self.out, experiment)
+            parent = tracker.open_parent(meta.get("mlflow_parent_run_id"),
+                                         f"{self.space.name} study", params=parent_params,
+                                         tags=parent_tags)
+            tracker.delete_trial_runs(requeue)
+            with self._meta_lock:
+                meta["mlflow_parent_run_id"] = parent
+                meta["experiment_id"] = tracker.experiment_id
+                self._save_meta(meta)
+            self.timings["mlflow_open_s"] = time.perf_counter() - t0
+            return tracker
+
+        self.tracker = TrackingWriter(self.out / SPOOL, connect, before_log=self._journal.sync
+                                      if self._journal is not None else None)
+        stale = set(self._stale)
+        for number, path in sorted(self.tracker.spooled().items()):
+            if number in stale:  # never told: it runs again (re-enqueued) and is logged then
+                path.unlink()
+            else:
+                self.tracker.replay(number)
+        self.tracker.start()
 
     def _load_counts(self, study) -> None:
         """Counters and the stored results of a resumed study (repeats are not counted)."""
@@ -423,19 +473,25 @@ class Driver:
 
     def _run_locked(self) -> SearchSummary:
         t_start = time.perf_counter()
+        tm = self.timings
         meta = self._prepare_dir()
         study = self._open_study()
         requeue = self._recover(study)
         self.requeued = len(requeue)
         self._enqueue_grid(study)
         self._open_tracking(meta, requeue)
-        self._save_meta(meta)
+        with self._meta_lock:
+            self._save_meta(meta)
         self._load_counts(study)
         if self.complete >= self.n_trials and self.pool is None:
             from dse.pool import LocalPool
 
             self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
+        t = time.perf_counter()
+        tm["setup_s"] = t - t_start
         self.pool = self._start_pool()
+        t_ready = time.perf_counter()
+        tm["pool_start_s"] = t_ready - t
         status = "FINISHED"
         try:
             self._loop(study)
@@ -443,13 +499,43 @@ class Driver:
             status = "KILLED"
             raise
         finally:
+            t = time.perf_counter()
+            tm["loop_s"] = t - t_ready
             self.pool.shutdown()
+            tm["pool_shutdown_s"] = time.perf_counter() - t
             self._finish(study, status, time.perf_counter() - t_start)
+            tm["search_s"] = time.perf_counter() - t_ready - tm["pool_shutdown_s"]
+            tm["wall_s"] = time.perf_counter() - t_start
+        self._check_tracking()  # a store that failed to open after the last trial
         kind = getattr(self.pool, "kind", "")
         return SearchSummary(self.out, self.complete, self.feasible, self.failed, self.rejected,
                              self._pareto_count, time.perf_counter() - t_start,
                              self.tracker.seconds, self.resumed, self.requeued, self.repeats,
-                             f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind)
+                             f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind,
+                             dict(tm))
+
+    def timing_lines(self) -> list[str]:
+        """Where the seconds went, for the end of ``dse search``."""
+        tm = self.timings
+        g = tm.get
+        lines = [
+            f"setup {g('setup_s', 0):.1f}s (study journal, MLflow writer started); "
+            f"workers start-up {g('pool_start_s', 0):.1f}s"
+            + (f" (Ray {g('ray_init_s', 0):.1f}s, actors {g('actors_s', 0):.1f}s)"
+               if "ray_init_s" in tm else ""),
+            f"search after the workers are up {g('search_s', 0):.1f}s: loop "
+            f"{g('loop_s', 0):.1f}s, report {g('report_s', 0):.1f}s, waiting for the MLflow "
+            f"writer at the end {g('mlflow_flush_wait_s', 0):.1f}s"
+            f"; then workers shut down {g('pool_shutdown_s', 0):.1f}s",
+            f"in the loop: waiting for results {g('wait_s', 0):.1f}s, ask + check + submit "
+            f"{g('ask_s', 0):.1f}s, tell + record {g('record_s', 0):.1f}s (journal appends "
+            f"{g('journal_write_s', 0):.1f}s); workers simulated {g('simulate_s', 0):.1f}s "
+            f"over {int(g('simulated', 0))} trial(s)",
+            f"MLflow (writer thread, off the search's path): store opened in "
+            f"{g('mlflow_open_s', 0):.1f}s, {int(g('mlflow_logged', 0))} run(s) logged, busy "
+            f"{g('mlflow_s', 0):.1f}s; journal fsyncs {g('journal_sync_s', 0):.1f}s",
+        ]
+        return lines
 
     def _can_ask(self, deadline: float | None, inflight: dict) -> bool:
         out_of_time = deadline is not None and time.monotonic() > deadline
@@ -473,6 +559,9 @@ class Driver:
         deadline = (time.monotonic() + self.space.search.timeout_s
                     if self.space.search.timeout_s else None)
         inflight: dict[int, tuple[Any, Any]] = {}  # number -> (trial, cfg)
+        tm = self.timings
+        for k in ("ask_s", "record_s", "wait_s", "simulate_s", "simulated"):
+            tm.setdefault(k, 0.0)
         with _Progress(self, enabled=self.progress, console=self.console) as prog:
             while True:
                 if self.deterministic:
@@ -480,15 +569,34 @@ class Driver:
                         self._batch(study, inflight, prog)
                         continue
                 else:
+                    t = time.perf_counter()
                     while self._can_ask(deadline, inflight) and self.pool.free > 0:
                         self._ask_one(study, inflight, submit=True)
                         prog.update()
+                    tm["ask_s"] += time.perf_counter() - t
                 if not inflight:
                     break
-                for res in self.pool.poll(timeout=0.5):
+                self._check_tracking()
+                for res in self._poll(timeout=0.5):
                     trial, cfg = inflight.pop(res.number)
+                    t = time.perf_counter()
                     self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
+                    tm["record_s"] += time.perf_counter() - t
                 prog.update()
+
+    def _poll(self, timeout: float) -> list:
+        t = time.perf_counter()
+        out = self.pool.poll(timeout=timeout)
+        self.timings["wait_s"] += time.perf_counter() - t
+        self.timings["simulate_s"] += sum(r.wall_s for r in out)
+        self.timings["simulated"] += sum(r.simulated for r in out)
+        return out
+
+    def _check_tracking(self) -> None:
+        """The MLflow writer could not open the store: stop the search with its error."""
+        check = getattr(self.tracker, "check", None)
+        if check is not None:
+            check()
 
     def _ask_one(self, study, inflight: dict, submit: bool):
         """Ask a trial and start it. Returns (trial, cfg, outcome) where outcome is set
@@ -541,7 +649,8 @@ class Driver:
         asked = [self._ask_one(study, inflight, submit=False) for _ in range(k)]
         results: dict[int, TrialResult] = {}
         while len(results) < len(inflight):
-            for res in self.pool.poll(timeout=0.5):
+            self._check_tracking()
+            for res in self._poll(timeout=0.5):
                 results[res.number] = res
             prog.update()
         for trial, cfg, outcome in sorted(asked, key=lambda x: x[0].number):
@@ -559,24 +668,48 @@ class Driver:
         prog.update()
 
     def _finish(self, study, status: str, wall_s: float) -> None:
+        """The report files, then the study's parent run (after every trial's run: the
+        writer keeps the order), then wait for the writer to drain its queue."""
         from dse.report import write_results
 
+        tm = self.timings
         self._pareto_count = 0
+        writer = self.tracker
+        if hasattr(writer, "flush"):  # the report reads the front's per-request tables
+            writer.flush()            # from their MLflow runs
+        t = time.perf_counter()
         try:
             files = write_results(self.space, study, self.out)
             self._pareto_count = files.get("pareto_count", 0)
-            if self.tracker is not None and self.tracker.parent_id:
-                self.tracker.close_parent(
-                    {"trials_complete": self.complete, "trials_feasible": self.feasible,
-                     "trials_failed": self.failed, "trials_rejected": self.rejected,
-                     "trials_repeated": self.repeats,
-                     "pareto_size": self._pareto_count, "wall_s": wall_s,
-                     "tracking_s": self.tracker.seconds},
-                    [p for p in (self.out / "trials.csv", self.out / "pareto.csv",
-                                 self.out / "report.html", self.out / STUDY_JSON,
-                                 self.out / "best") if p.exists()], status=status)
         except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
             log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
+        tm["report_s"] = time.perf_counter() - t
+        if writer is None or not hasattr(writer, "call"):
+            return
+        counts = {"trials_complete": self.complete, "trials_feasible": self.feasible,
+                  "trials_failed": self.failed, "trials_rejected": self.rejected,
+                  "trials_repeated": self.repeats, "pareto_size": self._pareto_count,
+                  "wall_s": wall_s}
+        artifacts = [p for p in (self.out / "trials.csv", self.out / "pareto.csv",
+                                 self.out / "report.html", self.out / STUDY_JSON,
+                                 self.out / "best") if p.exists()]
+
+        def close_parent(tracker) -> None:
+            if tracker.parent_id:
+                tracker.close_parent({**counts, "tracking_s": tracker.seconds}, artifacts,
+                                     status=status)
+
+        writer.call(close_parent)
+        try:
+            writer.close()
+        finally:
+            if self._journal is not None:
+                self._journal.sync()
+                tm["journal_write_s"] = self._journal.write_s
+                tm["journal_sync_s"] = self._journal.sync_s
+            tm["mlflow_flush_wait_s"] = writer.wait_s
+            tm["mlflow_s"] = writer.seconds
+            tm["mlflow_logged"] = writer.logged
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:

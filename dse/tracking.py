@@ -1,6 +1,7 @@
 """MLflow tracking: one parent run per study, one child run per trial.
 
-Only the driver writes here. Each child is one ``create_run`` + one ``log_batch`` + one
+Only the driver writes here, from one thread of its own (:class:`TrackingWriter`), so the
+search does not wait for it. Each child is one ``create_run`` + one ``log_batch`` + one
 ``log_artifacts`` (per-request table, cluster config, time series, a TTFT/TPOT histogram
 image): a few tens of ms, small beside a trial. Metric names are grouped by prefix
 (``objective/``, ``ttft/``, ``constraint/``...), the experiment is tagged as a training-style
@@ -264,3 +265,171 @@ class Tracker:
         return self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'", max_results=50000)
+
+
+class TrackingWriter:
+    """The driver's MLflow writer: a background thread of the driver process (so the
+    driver is still the only writer), fed through a queue, so a trial's MLflow run (a few
+    store transactions and its artifact files, ~0.1 s) is written while the search goes on.
+
+    Nothing is lost when the driver stops: :meth:`log_trial` first writes the trial's
+    payload to a spool file under ``spool`` (pickled, renamed into place: ~1 ms) and the
+    thread removes it only once the run is in MLflow. :meth:`close` drains the queue and
+    joins the thread (the driver calls it at the end and on interruption); a driver killed
+    outright leaves spool files, which the next run of the same command logs again
+    (:meth:`replay`), first deleting any run of that trial a killed writer left half
+    written, so no trial is missing or doubled. ``connect`` opens the store (and the
+    parent run) in the thread, so opening MLflow overlaps the start of the workers;
+    ``before_log`` runs before each trial is logged (the driver forces its journal to disk
+    there, so MLflow is never ahead of the study)."""
+
+    def __init__(self, spool: Path, connect, before_log=None) -> None:
+        import queue
+        import threading
+
+        self.spool = spool
+        spool.mkdir(parents=True, exist_ok=True)
+        self._connect = connect
+        self._before_log = before_log
+        self._q: queue.Queue = queue.Queue()
+        self._idle = threading.Condition()
+        self._unfinished = 0  # items queued and not yet handled
+        self._thread = threading.Thread(target=self._run, name="dse-mlflow-writer",
+                                        daemon=True)
+        self.tracker: Tracker | None = None
+        self.error: BaseException | None = None
+        self.logged = 0
+        self.failed = 0
+        self.wait_s = 0.0  # how long close() waited for the queue to drain
+
+    # ------------------------------------------------------------ the driver's side
+    @property
+    def seconds(self) -> float:
+        return self.tracker.seconds if self.tracker is not None else 0.0
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.tracker.parent_id if self.tracker is not None else None
+
+    def spooled(self) -> dict[int, Path]:
+        """Trial number -> spool file, of trials not yet in MLflow."""
+        out = {}
+        for p in self.spool.glob("trial_*.pkl"):
+            try:
+                out[int(p.stem.split("_", 1)[1])] = p
+            except ValueError:
+                continue
+        return out
+
+    def start(self) -> TrackingWriter:
+        self._thread.start()
+        return self
+
+    def replay(self, number: int) -> None:
+        """Log a spooled trial a stopped driver left behind (after deleting its partial
+        run, if any)."""
+        self._put(("replay", self.spool / f"trial_{number:06d}.pkl"))
+
+    def log_trial(self, number: int, params: dict, metrics: dict, tags: dict,
+                  files: dict) -> None:
+        import os
+        import pickle
+
+        path = self.spool / f"trial_{number:06d}.pkl"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump((number, params, metrics, tags, files), f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        self._put(("trial", path))
+
+    def call(self, fn) -> None:
+        """Run ``fn(tracker)`` in the writer, after everything queued before it."""
+        self._put(("call", fn))
+
+    def check(self) -> None:
+        """Raise, in the driver, the error that stopped the writer (the store would not
+        open)."""
+        if self.error is not None:
+            raise self.error
+
+    def flush(self) -> None:
+        """Wait until everything queued so far is written (or given up on)."""
+        if not self._thread.is_alive():
+            return
+        t0 = time.perf_counter()
+        try:
+            with self._idle:
+                while self._unfinished and self._thread.is_alive():
+                    self._idle.wait(0.2)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def _put(self, item) -> None:
+        with self._idle:
+            self._unfinished += 1
+        self._q.put(item)
+
+    def _task_done(self) -> None:
+        with self._idle:
+            self._unfinished -= 1
+            if not self._unfinished:
+                self._idle.notify_all()
+
+    def close(self) -> None:
+        """Drain the queue and join the thread."""
+        if not self._thread.is_alive():
+            return
+        t0 = time.perf_counter()
+        self._put(("stop", None))
+        try:
+            self._thread.join()
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    # ------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        try:
+            self.tracker = self._connect()
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver by check()
+            self.error = exc
+            while True:  # payloads stay spooled for the next run
+                kind, _ = self._q.get()
+                self._task_done()
+                if kind == "stop":
+                    return
+        while True:
+            kind, item = self._q.get()
+            if kind == "stop":
+                self._task_done()
+                return
+            try:
+                if kind == "call":
+                    item(self.tracker)
+                else:
+                    self._log_spooled(item, replay=kind == "replay")
+            except Exception as exc:  # noqa: BLE001 - tracking must not kill the study
+                self.failed += 1
+                what = f"trial {item.stem.split('_', 1)[1].lstrip('0') or '0'}" \
+                    if isinstance(item, Path) else "the study run"
+                log.warning("MLflow logging failed for %s: %s%s", what, exc,
+                            " (kept in %s; logged when the search is run again)"
+                            % self.spool if isinstance(item, Path) else "")
+            finally:
+                self._task_done()
+
+    def _log_spooled(self, path: Path, replay: bool) -> None:
+        import pickle
+
+        with open(path, "rb") as f:
+            number, params, metrics, tags, files = pickle.load(f)
+        if self._before_log is not None:
+            self._before_log()
+        if replay:
+            self.tracker.delete_trial_runs([number])
+        self.tracker.log_trial(number, params, metrics, tags, files)
+        path.unlink()
+        self.logged += 1

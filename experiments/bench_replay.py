@@ -1,20 +1,36 @@
 """Speed and memory of the simulator: the 300-request validation replay and synthetic runs.
 
-    python experiments/bench_replay.py [--runs 5]
+    python experiments/bench_replay.py [--runs 5] [--process-runs 9] [--no-process]
 
 Prints the median wall time over several runs, the speed-up over real (simulated) time,
 and peak RSS, for the RTX 4090 ShareGPT replay and for synthetic workloads of growing
 size (to show that cost grows linearly with the number of requests). Each run happens in
 a fresh subprocess so peak RSS is per run.
+
+Then the same replay as a user runs it, ``llmsim run ...`` as a process (through the
+installed console script when there is one, else ``python -m sim``): the median over
+``--process-runs`` of the whole process's wall time, its CPU time (user + sys) and peak
+RSS, split into the time inside the simulator (the summary's ``wall_s``) and everything
+else (interpreter start, imports, loading the cluster, model, bundle and workload, writing
+the outputs). The first run uses an empty bundle cache (``sim.cache``) and is reported on
+its own; the median is over the runs after it. The load average is printed with it: on a
+shared machine wall time follows the load, CPU time much less.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, resource, sys, time
@@ -60,11 +76,82 @@ def bench(kind: str, n: int, runs: int) -> dict:
             "us_per_req": 1e6 * wall / n}
 
 
+def llmsim_command() -> list[str]:
+    """The console script beside this interpreter (as installed), else ``python -m sim``."""
+    script = Path(sys.executable).parent / "llmsim"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "sim"]
+
+
+def run_process(out_dir: Path, cache_dir: Path) -> dict:
+    """One ``llmsim run`` of the replay as a process: wall, CPU and peak RSS of the child,
+    and the simulator's own wall time from the summary it wrote."""
+    from sim.paths import shared_data_root
+
+    root = shared_data_root()
+    out = out_dir / "replay.csv"
+    cmd = [*llmsim_command(), "run",
+           "--cluster", str(root / "validation/RTX4090-Llama-3.1-8B/cluster.json"),
+           "--dataset", str(root / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl"),
+           "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
+           "--gpu-memory-utilization", "0.9", "--output", str(out)]
+    # this checkout's code, whatever the console script was installed from
+    path = os.pathsep.join([str(REPO), str(REPO / "astra-sim"),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "LLMSIM_CACHE_DIR": str(cache_dir)}
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"llmsim run failed: {err}")
+    summary = json.loads((out_dir / "replay.summary.json").read_text())
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024,
+            "sim_s": summary["wall_s"]}
+
+
+def bench_process(runs: int) -> tuple[dict, dict]:
+    """(first run with an empty bundle cache, medians of ``runs`` runs after it)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-replay-"))
+    try:
+        first = run_process(tmp, tmp / "cache")
+        rs = [run_process(tmp, tmp / "cache") for _ in range(runs)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_s", "sim_s")}
+    med["rest_s"] = statistics.median(r["wall_s"] - r["sim_s"] for r in rs)
+    med["rss_mb"] = max(r["rss_mb"] for r in rs)
+    first["rest_s"] = first["wall_s"] - first["sim_s"]
+    return first, med
+
+
+def print_process(first: dict, med: dict, runs: int) -> None:
+    print(f"\n`{' '.join(Path(c).name for c in llmsim_command())} run` of the 300-request "
+          f"replay as a process (load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs):")
+    print(f"{'':24s}{'wall s':>9s}{'CPU s':>9s}{'in simulator s':>16s}{'rest s':>9s}"
+          f"{'peak RSS MB':>13s}")
+    for label, r in ((f"median of {runs}", med), ("first (empty cache)", first)):
+        print(f"{label:24s}{r['wall_s']:9.3f}{r['cpu_s']:9.3f}{r['sim_s']:16.3f}"
+              f"{r['rest_s']:9.3f}{r['rss_mb']:13.0f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 3000, 10000])
+    ap.add_argument("--process-runs", type=int, default=9,
+                    help="runs of `llmsim run` as a process (after one with an empty cache)")
+    ap.add_argument("--no-process", dest="process", action="store_false",
+                    help="skip the process-level measurement")
+    ap.add_argument("--process-only", action="store_true",
+                    help="only the process-level measurement")
     args = ap.parse_args(argv)
+    if args.process_only:
+        print_process(*bench_process(args.process_runs), args.process_runs)
+        return 0
     rows = [bench("replay", 300, args.runs)]
     rows += [bench("synthetic", n, max(1, args.runs // 2 if n >= 10000 else args.runs))
              for n in args.sizes]
@@ -73,6 +160,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['kind']:12s}{r['n']:9d}{r['wall_s']:17.3f}{r['sim_s']:13.1f}{r['speedup']:12.0f}"
               f"{r['us_per_req']:12.0f}{r['rss_mb']:13.0f}")
+    if args.process:
+        print_process(*bench_process(args.process_runs), args.process_runs)
     return 0
 
 

@@ -30,23 +30,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import yaml
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
-from astrasim.et import LinkingWriter
 
 from sim.errors import InputError
 from sim.graph_generator import build_graphs, stage_transfer_graphs
 from sim.latency.base import BatchShape, LayerTimes
 from sim.model import TP_ALLREDUCE_AFTER
 from sim.topology import network_dict, system_dict
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class SystemBackend(Protocol):
@@ -195,6 +193,14 @@ class _GraphBackend(ABC):
             return inst.provider.iteration_ns(shape)
         return self._decomposed(inst, shape, load_bytes)
 
+    def decode_stretch(self, inst, shape: BatchShape, steps: int):
+        """``iteration_ns`` of a stretch of pure-decode steps at once (event leaping), where
+        the iteration is the provider's compute alone (one NPU, nothing loaded); None
+        otherwise (the caller times step by step)."""
+        if inst.tp == 1 and inst.pp == 1:
+            return inst.provider.decode_stretch(shape, steps)
+        return None
+
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
         network, memory, key, cache = self._context(inst)
         return decomposed_iteration_ns(
@@ -323,6 +329,10 @@ class AstraSubprocessBackend(_GraphBackend):
         self.binary = binary
         # run each astra-sim process on the client's current core (see _CoreFollower)
         self._follower = _CoreFollower() if same_core else None
+        # subprocess, shutil, tempfile: imported by the client that uses them (not at the
+        # module's import, which every `llmsim run` pays)
+        import tempfile
+
         self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-", dir=_scratch_root()))
         self._procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         #: processes started (a restart after a crash counts)
@@ -330,6 +340,8 @@ class AstraSubprocessBackend(_GraphBackend):
         #: workload lines answered
         self.exchanges = 0
         self._pending: dict[int, bytes] = {}  # pid -> output read but not yet consumed
+        from astrasim.et import LinkingWriter
+
         self._writer = LinkingWriter()
 
     def _command(self, folder: Path) -> list[str]:
@@ -337,6 +349,8 @@ class AstraSubprocessBackend(_GraphBackend):
                 f"--system-configuration={folder / 'system.json'}",
                 f"--remote-memory-configuration={folder / 'memory.json'}"]
         if self.binary:
+            import shutil
+
             if shutil.which(self.binary) is None and not Path(self.binary).is_file():
                 raise InputError(f"--astra-sim-bin {self.binary!r} is not an executable")
             return [self.binary, *args]
@@ -350,12 +364,16 @@ class AstraSubprocessBackend(_GraphBackend):
             return entry
         folder = self.workdir / f"net{len(self._procs)}-{self.starts}"
         folder.mkdir(parents=True, exist_ok=True)
+        import yaml
+
         (folder / "network.yml").write_text(yaml.safe_dump(network_dict(network),
                                                            default_flow_style=None))
         (folder / "system.json").write_text(json.dumps(system_dict(network)))
         (folder / "memory.json").write_text(json.dumps(memory))
         # The replies are flushed at each "Waiting" line; an unbuffered child (the
         # environment's PYTHONUNBUFFERED) would pay a write call per output line.
+        import subprocess
+
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         proc = subprocess.Popen(self._command(folder), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
@@ -418,6 +436,9 @@ class AstraSubprocessBackend(_GraphBackend):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        import shutil
+        import subprocess
+
         super().close()
         for proc, _ in self._procs.values():
             if proc.poll() is None:

@@ -27,13 +27,15 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from sim.errors import InputError
+from sim.options import DEFAULT_MEM_UTIL, add_cli_flags
 from sim.request import Request
 from sim.workload import Workload, load_jsonl
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DATASETS = ("random", "sharegpt", "custom")
 METRIC_LABELS = {"ttft": ("Time to First Token", "TTFT"),
@@ -69,14 +71,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     e.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     e.add_argument("--enable-expert-parallel", action="store_true")
-    e.add_argument("--quantization", "-q", default=None)
-    e.add_argument("--kv-cache-dtype", default="auto")
-    e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    e.add_argument("--block-size", type=int, default=16)
-    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_MEM_UTIL)
+    add_cli_flags(e, names=("max_num_seqs", "max_num_batched_tokens", "block_size",
+                            "enable_prefix_caching", "enable_chunked_prefill", "quantization",
+                            "kv_cache_dtype"), aliases={"quantization": "-q"})
     s = p.add_argument_group("simulator")
     s.add_argument("--hardware", required=True, help="hardware catalogue entry, e.g. H100-SXM")
     s.add_argument("--latency-provider", default="auto")
@@ -124,8 +122,8 @@ def bench_cluster(args) -> dict:
         if dp > 1:
             inst["dp_group"] = "dp"
     instances = [dict(inst) for _ in range(dp)]
-    return {"num_nodes": 1, "link_bw": hw.link_bw_GBps, "link_latency": hw.link_latency_ns,
-            "nodes": [{"num_instances": dp, "instances": instances}]}
+    # no link_bw / link_latency: the catalogue's physical link (sim/topology.py)
+    return {"num_nodes": 1, "nodes": [{"num_instances": dp, "instances": instances}]}
 
 
 # ---------------------------------------------------------------------- workload
@@ -178,6 +176,8 @@ def bench_workload(args) -> Workload:
     conc = args.max_concurrency
     if conc is not None and conc < 1:
         raise InputError(f"--max-concurrency must be >= 1, got {conc}")
+    import numpy as np  # here: the parser of every llmsim command imports this module
+
     rng = np.random.default_rng(args.seed)
     from_file = args.dataset_name != "random"
     reqs = _file_requests(args, n) if from_file else _random_requests(args, rng, n)
@@ -220,6 +220,8 @@ def _pword(p: float) -> str:
 
 def bench_metrics(result, args) -> dict:
     """vLLM's result keys from a simulated run (times in ms, throughputs per second)."""
+    import numpy as np
+
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     bad = [m for m in metrics if m not in METRIC_LABELS]
     if bad:

@@ -20,77 +20,24 @@ import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
+from sim.options import add_cli_flags
 from sim.paths import writable_dir
-from sim.options import ALL2ALL_BACKENDS
-
-
-def _provider_choices() -> list[str]:
-    from sim.latency.base import provider_names
-    return provider_names()
 
 
 def _add_run(sub) -> None:
     p = sub.add_parser("run", help="simulate one workload on one cluster")
     p.add_argument("--cluster", required=True, help="cluster config (LLMServingSim JSON or YAML)")
     p.add_argument("--dataset", required=True, help="workload JSONL (flat requests and sessions)")
-    p.add_argument("--profiles", action="append", default=[],
-                   help="extra folder of profile bundles (<HW>/<org>/<model>/<variant>/)")
     p.add_argument("--num-reqs", type=int, default=None, help="replay only the first N entries")
     p.add_argument("--output", required=True, help="per-request CSV")
     p.add_argument("--summary", default=None, help="summary JSON (default: <output>.summary.json)")
     p.add_argument("--timeseries", default=None,
                    help="per-interval CSV (default: <output>.timeseries.csv)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
-                   help="vLLM's scheduler_reserve_full_isl admission rule")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="vLLM's async scheduling (default: as the simulated --vllm-version)")
-    p.add_argument("--vllm-version", default="0.19.0",
-                   help="vLLM release whose defaults are simulated (default 0.19.0)")
-    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                   help="waiting order and preemption victim (requests' 'priority' field)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="vLLM's gpu_memory_utilization for every instance, in place of the "
                         "cluster file's npu_mem.mem_util (the KV capacity follows as vLLM "
                         "derives it)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="reject prompts of this many tokens or more; outputs stop there")
-    p.add_argument("--prefix-storage", default=None, choices=["CPU", "CXL"],
-                   help="keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)")
-    p.add_argument("--enable-prefix-sharing", action="store_true",
-                   help="all instances of a node share the lower-tier prefix pool")
-    p.add_argument("--enable-attn-offloading", action="store_true",
-                   help="run decode attention on the node's PIM devices (cpu_mem.pim_config)")
-    p.add_argument("--pim-mode", default="local", choices=["local", "pool"])
-    p.add_argument("--enable-sub-batch-interleaving", action="store_true",
-                   help="NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
-    p.add_argument("--expert-routing-policy", default="RAND",
-                   help="MoE gate policy: BALANCED, RR, RAND or a registered one")
-    p.add_argument("--all2all-backend", default=ALL2ALL_BACKENDS[0], choices=ALL2ALL_BACKENDS,
-                   help="how MoE layers exchange tokens across a DP group (vLLM's "
-                        "all2all_backend; default: vLLM 0.19's allgather_reducescatter)")
-    p.add_argument("--pd-decode-policy", default="LOAD", help="LOAD, RR or LEAST_KV")
-    p.add_argument("--request-routing-policy", default="LOAD")
-    p.add_argument("--latency-provider", default="auto", choices=_provider_choices(),
-                   help="auto (measured bundle, then aiconfigurator's database, then roofline) "
-                        "or a registered provider")
-    p.add_argument("--quantization", default=None,
-                   help="weight quantization as vllm serve: fp8 (W8A8); default: the "
-                        "checkpoint's")
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   help="KV-cache dtype as vllm serve: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16")
-    p.add_argument("--backend", default="inproc", choices=["inproc", "subprocess"])
-    p.add_argument("--astra-sim-bin", default=None, help="astra-sim executable for --backend subprocess")
-    p.add_argument("--no-computation-reuse", dest="computation_reuse", action="store_false",
-                   help="simulate every iteration's communication parts anew instead of "
-                        "reusing the results of identical ones (same output, slower)")
-    p.add_argument("--timeseries-interval-s", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    add_cli_flags(p)  # one flag per SimOptions field that has one (sim/options.py)
     p.add_argument("--log-level", default="WARNING",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -157,7 +104,7 @@ def _check_instance_limits(cluster, opts) -> None:
 
 def _run(args) -> int:
     import sim
-    from sim.options import SimOptions
+    from sim.options import options_from_args
 
     _check_run_flags(args)
     util = args.gpu_memory_utilization
@@ -167,25 +114,7 @@ def _run(args) -> int:
     if util is not None:
         cluster = cluster.with_mem_util(util)
     workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
-    opts = SimOptions(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.enable_chunked_prefill, reserve_full_isl=args.reserve_full_isl,
-        async_scheduling=args.async_scheduling, vllm_version=args.vllm_version,
-        scheduling_policy=args.scheduling_policy, max_model_len=args.max_model_len,
-        prefix_storage=args.prefix_storage, enable_prefix_sharing=args.enable_prefix_sharing,
-        enable_attn_offloading=args.enable_attn_offloading, pim_mode=args.pim_mode,
-        enable_sub_batch_interleaving=args.enable_sub_batch_interleaving,
-        expert_routing_policy=args.expert_routing_policy, pd_decode_policy=args.pd_decode_policy,
-        all2all_backend=args.all2all_backend,
-        routing_policy=args.request_routing_policy, seed=args.seed,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        latency_provider=args.latency_provider, profiles_dirs=tuple(args.profiles),
-        backend=args.backend, astra_sim_bin=args.astra_sim_bin,
-        computation_reuse=args.computation_reuse,
-        timeseries_interval_ns=int(args.timeseries_interval_s * 1e9),
-        progress=sys.stderr.isatty())
+    opts = options_from_args(args, progress=sys.stderr.isatty())
     _check_instance_limits(cluster, opts)
     sim.validate_cluster(cluster, opts)
     result = sim.simulate(cluster, workload, opts)

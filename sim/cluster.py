@@ -13,24 +13,67 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.errors import InputError, read_text_input
-from sim.options import ALL2ALL_BACKENDS
+from sim.options import DEFAULT_MEM_UTIL, INSTANCE_OPTIONS, check_instance_value
 
 GiB = 1 << 30
-DEFAULT_MEM_UTIL = 0.9  # vLLM's default gpu_memory_utilization
 
-# Scheduler knobs an instance may override (LLMServingSim's per-instance fields).
-INSTANCE_SCHEDULER_KEYS = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold",
-                           "block_size", "enable_prefix_caching", "enable_chunked_prefill",
-                           "all2all_backend", "quantization", "kv_cache_dtype")
-_INSTANCE_KEYS = {"model_name", "hardware", "npu_mem", "num_npus", "tp_size", "pp_size", "ep_size",
-                  "dp_group", "pd_type", "placement", "dtype", "kv_cache_dtype",
-                  "num_gpu_blocks_override", *INSTANCE_SCHEDULER_KEYS}
-_NODE_KEYS = {"num_instances", "cpu_mem", "instances", "power"}
-_TOP_KEYS = {"num_nodes", "link_bw", "link_latency", "nodes", "cxl_mem",
-             "collective_algorithm"}
+_MEM = "mem_size (GiB), mem_bw (GB/s), mem_latency (ns)"
+#: every field of a cluster file, declared once: where -> {field: meaning}. The loader
+#: refuses any other field, and the README's cluster reference is generated from these
+#: (``python -m dse.reference``). An instance may also set the options declared with scope
+#: "instance" in sim/options.py (:data:`INSTANCE_SCHEDULER_KEYS`).
+CLUSTER_FIELDS: dict[str, dict[str, str]] = {
+    "": {
+        "num_nodes": "number of nodes; must match `nodes` (default: as listed)",
+        "link_bw": "the GPU-to-GPU link as LLMServingSim gives it to ASTRA-Sim: per direction "
+                   "in ASTRA-Sim's GB/s (2^30 B/s), one FullyConnected hop; a number or one "
+                   "per network dimension, e.g. [intra-node, inter-node] (default: the "
+                   "hardware catalogue's physical link, decimal GB/s on its topology)",
+        "link_latency": "ns per GPU-to-GPU message (one hop); a number or one per dimension "
+                        "(default: the hardware catalogue's per-hop latency)",
+        "nodes": "the nodes: a non-empty list (required)",
+        "cxl_mem": "a CXL memory expander for the CXL prefix tier",
+        "collective_algorithm": "ring, direct, halvingDoubling or doubleBinaryTree: a name or "
+                                "one per dimension (default: ring)",
+    },
+    "cxl_mem": {"mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
+                "mem_latency": "ns (default 0)", "num_devices": "devices (default 1)"},
+    "nodes[]": {
+        "num_instances": "must match `instances` when given",
+        "cpu_mem": f"the node's CPU memory: {_MEM}, pim_config",
+        "instances": "the instances: a non-empty list (required)",
+        "power": "LLMServingSim's power blocks: base_node_power, npu.<hardware>, cpu, dram, "
+                 "link, nic, storage",
+    },
+    "nodes[].cpu_mem": {"mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
+                        "mem_latency": "ns (default 0)",
+                        "pim_config": "PIM devices in this memory (a DRAMSim3 .ini)"},
+    "nodes[].instances[]": {
+        "model_name": "model: a profiles/models name or HF id (required)",
+        "hardware": "hardware catalogue name (required)",
+        "npu_mem": f"each NPU's memory: {_MEM}, mem_util (required)",
+        "num_npus": "must equal tp_size * pp_size (default: that)",
+        "tp_size": "tensor-parallel size (default 1)",
+        "pp_size": "pipeline-parallel size (default 1)",
+        "ep_size": "expert-parallel size, MoE models (default 1)",
+        "dp_group": "instances with the same name form one data-parallel group",
+        "pd_type": "prefill or decode (PD disaggregation; default: neither)",
+        "placement": "weight/KV placement across memories (not modelled yet: refused)",
+        "dtype": "LLMServingSim's dtype field (read; the model spec's dtype is used)",
+        "num_gpu_blocks_override": "vLLM's num_gpu_blocks_override: use this many KV blocks",
+    },
+    "nodes[].instances[].npu_mem": {
+        "mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
+        "mem_latency": "ns (default 0)",
+        "mem_util": f"vLLM's gpu_memory_utilization (default {DEFAULT_MEM_UTIL})"},
+}
+# Options an instance may override (LLMServingSim's per-instance fields): those declared
+# with scope "instance" in sim/options.py.
+INSTANCE_SCHEDULER_KEYS = INSTANCE_OPTIONS
+_INSTANCE_KEYS = {*CLUSTER_FIELDS["nodes[].instances[]"], *INSTANCE_SCHEDULER_KEYS}
+_NODE_KEYS = set(CLUSTER_FIELDS["nodes[]"])
+_TOP_KEYS = set(CLUSTER_FIELDS[""])
 
 
 @dataclass(frozen=True)
@@ -77,8 +120,12 @@ class NodeConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    #: per direction, decimal GB/s; a number or one per dimension; None: the hardware's
+    #: the GPU-to-GPU path as LLMServingSim gives it to ASTRA-Sim (sim/topology.py): per
+    #: direction in ASTRA-Sim's "GB/s" (2^30 B/s); a number or one per dimension (intra-node,
+    #: inter-node); None: the hardware catalogue's link (decimal GB/s on its topology)
     link_bw_GBps: float | list | None = None
+    #: ns per message (one FullyConnected hop); a number or one per dimension; None: the
+    #: hardware catalogue's per-hop latency on its topology
     link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
     source: str = "<cluster>"
@@ -134,6 +181,8 @@ def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=
 def _mem(d: Any, where: str, *, need_util: bool) -> MemorySpec:
     if not isinstance(d, dict):
         raise InputError("must be an object with mem_size, mem_bw, mem_latency", source=where)
+    if need_util:  # an NPU's memory (a node's cpu_mem is checked with its pim_config)
+        _check_keys(d, set(CLUSTER_FIELDS["nodes[].instances[].npu_mem"]), where)
     util = _num(d, "mem_util", where, default=DEFAULT_MEM_UTIL) if need_util else 1.0
     if not 0 < util <= 1:
         raise InputError(f"field 'mem_util' must be in (0, 1], got {util}", source=where)
@@ -198,10 +247,8 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
                 raise InputError(f"field 'pd_type' must be null, 'prefill' or 'decode', got {pd!r}",
                                  source=iw)
             overrides = {k: ins[k] for k in INSTANCE_SCHEDULER_KEYS if ins.get(k) is not None}
-            a2a = overrides.get("all2all_backend")
-            if a2a is not None and a2a not in ALL2ALL_BACKENDS:
-                raise InputError(f"field 'all2all_backend' must be one of "
-                                 f"{', '.join(ALL2ALL_BACKENDS)}, got {a2a!r}", source=iw)
+            for key, value in overrides.items():
+                check_instance_value(key, value, iw)
             insts.append(InstanceConfig(
                 instance_id=iid, node_id=n_idx, model_name=ins["model_name"],
                 hardware=ins["hardware"], npu_mem=_mem(ins.get("npu_mem"), f"{iw}.npu_mem",
@@ -216,8 +263,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
             iid += 1
         cpu_raw = nd.get("cpu_mem") or {}
         if isinstance(cpu_raw, dict):
-            _check_keys(cpu_raw, {"mem_size", "mem_bw", "mem_latency", "pim_config"},
-                        f"{where}.cpu_mem")
+            _check_keys(cpu_raw, set(CLUSTER_FIELDS["nodes[].cpu_mem"]), f"{where}.cpu_mem")
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
                                 power=_power(nd.get("power"), f"{where}.power"), pim_config=cpu_raw.get("pim_config")
                                 if isinstance(cpu_raw, dict) else None))
@@ -279,7 +325,7 @@ def _cxl(raw: Any, source: str) -> dict | None:
     if not isinstance(raw, dict):
         raise InputError("must be an object with mem_size, mem_bw, mem_latency, num_devices",
                          source=where)
-    _check_keys(raw, {"mem_size", "mem_bw", "mem_latency", "num_devices"}, where)
+    _check_keys(raw, set(CLUSTER_FIELDS["cxl_mem"]), where)
     _num(raw, "mem_size", where, maximum=MAX_MEM_GIB)
     _num(raw, "mem_bw", where)
     _num(raw, "mem_latency", where, default=0.0, positive=False)
@@ -295,10 +341,16 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
     path = Path(path)
     text = read_text_input(path, "a cluster config", "a JSON or YAML")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml  # only for YAML configs (startup time of `llmsim run`)
+
+        syntax_errors: tuple[type[Exception], ...] = (yaml.YAMLError,)
+    else:
+        syntax_errors = (json.JSONDecodeError,)
     try:
         data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else \
             json.loads(text, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except syntax_errors as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"malformed cluster config: {msg}", source=str(path)) from None
     except (ValueError, RecursionError) as exc:
@@ -317,3 +369,19 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
             problems.append(f"{where}: placement (weight/KV placement across memories) is not "
                             "modelled yet")
     return problems
+
+
+def markdown_reference() -> str:
+    """The README's cluster-file table: one row per field of :data:`CLUSTER_FIELDS`, then
+    the options an instance may set."""
+    from sim.options import declarations
+
+    rows = ["| field | meaning |", "|---|---|"]
+    for where, entries in CLUSTER_FIELDS.items():
+        for key, meaning in entries.items():
+            rows.append(f"| `{where + '.' if where else ''}{key}` | {meaning} |")
+    for name, _, default, opt in declarations():
+        if name in INSTANCE_SCHEDULER_KEYS:
+            rows.append(f"| `nodes[].instances[].{name}` | this instance's {name} option "
+                        f"(default: the run's, `{default!r}`) |")
+    return "\n".join(rows) + "\n"

@@ -12,27 +12,29 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from astrasim import GraphBuilder
 
 from sim.backend import SystemBackend, make_backend
-from sim.cluster import ClusterConfig, GiB, InstanceConfig, unsupported_features
+from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
+from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
-from sim.model import ModelSpec, load_model, served_model
+from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
 from sim.scheduler import Scheduler
-from sim.topology import (Topology, check_links, instance_topology, link_between,
-                          transfer_topology)
+from sim.topology import (ASTRA, Link, Topology, check_links, group_topology, instance_topology,
+                          intra_node_link, link_between, transfer_topology)
+from sim.validate import dp_group_size, instance_model, validate_cluster
 from sim.workload import Workload
 
 
@@ -56,12 +58,6 @@ class InstanceRuntime:
     network: Topology | None = None
     #: vLLM's memory accounting behind num_kv_blocks (None when the KV cache lives in PIM)
     memory: MemoryBudget | None = None
-
-
-def instance_model(inst: InstanceConfig, opts: SimOptions, where: str | None = None) -> ModelSpec:
-    """The model as ``inst`` serves it: its precision (quantization, kv_cache_dtype) applied."""
-    return served_model(inst.model_name, inst.hardware, opts.quantization, opts.kv_cache_dtype,
-                        source=where)
 
 
 def _max_model_len(inst: InstanceRuntime) -> int:
@@ -117,102 +113,6 @@ def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: S
     return prov
 
 
-def validate_cluster(cluster: ClusterConfig, opts: SimOptions) -> None:
-    """Raise InputError if the cluster cannot be simulated: unknown names, tp that does not
-    divide the heads, weights that do not fit, or features not modelled yet."""
-    opts.validate()
-    problems = unsupported_features(cluster)
-    if problems:
-        raise InputError(problems[0])
-    for inst in cluster.instances:
-        where = f"{cluster.source}: instance {inst.instance_id}"
-        o = opts.for_instance(inst.overrides)
-        o.validate()
-        model = instance_model(inst, o, where)
-        model.check_tp(inst.tp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
-    PowerModel(cluster, opts.timeseries_interval_ns)  # complete power blocks, or none
-    if opts.enable_attn_offloading:
-        for node in cluster.nodes:
-            if not node.pim_config:
-                raise InputError(f"{cluster.source}: --enable-attn-offloading needs PIM devices: "
-                                 f"nodes[{node.node_id}].cpu_mem has no pim_config")
-            from sim.pim import load_pim
-            dev = load_pim(str(node.pim_config),
-                           source=f"{cluster.source}: nodes[{node.node_id}].cpu_mem.pim_config")
-            if node.cpu_mem.mem_size_gib < dev.capacity_GiB:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}].cpu_mem.mem_size="
-                                 f"{node.cpu_mem.mem_size_gib} GiB holds no whole {dev.name} "
-                                 f"device ({dev.capacity_GiB} GiB)")
-    if opts.enable_sub_batch_interleaving:
-        for inst in cluster.instances:
-            if inst.pp_size > 1:
-                raise InputError(f"{cluster.source}: instance {inst.instance_id}: sub-batch "
-                                 f"interleaving is not supported with pp_size={inst.pp_size} > 1 "
-                                 "(as in NeuPIMs)")
-    groups: dict[str, list[InstanceConfig]] = {}
-    for inst in cluster.instances:
-        model = load_model(inst.model_name)
-        where = f"{cluster.source}: instance {inst.instance_id}"
-        if inst.ep_size > 1:
-            if not model.is_moe:
-                raise InputError(f"{where}: ep_size={inst.ep_size} but {model.name} is not a "
-                                 "mixture-of-experts model")
-            if model.num_experts % inst.ep_size:
-                raise InputError(f"{where}: ep_size={inst.ep_size} does not divide the "
-                                 f"{model.num_experts} experts of {model.name}")
-        if inst.dp_group is not None:
-            groups.setdefault(str(inst.dp_group), []).append(inst)
-    for name, members in groups.items():
-        first = members[0]
-        for m in members[1:]:
-            for field in ("model_name", "tp_size", "pp_size", "ep_size", "hardware"):
-                if getattr(m, field) != getattr(first, field):
-                    raise InputError(
-                        f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} has "
-                        f"{field}={getattr(m, field)!r} but instance {first.instance_id} has "
-                        f"{getattr(first, field)!r}; members of a DP group must match")
-            a, b = (opts.for_instance(i.overrides).all2all_backend for i in (m, first))
-            if a != b:
-                raise InputError(f"{cluster.source}: dp_group {name!r}: instance {m.instance_id} "
-                                 f"has all2all_backend={a!r} but instance {first.instance_id} "
-                                 f"has {b!r}; members of a DP group must match")
-    for inst in cluster.instances:
-        if inst.ep_size > 1:
-            domain = groups.get(str(inst.dp_group), [inst]) if inst.dp_group is not None else [inst]
-            npus = sum(m.num_npus for m in domain)
-            if npus % inst.ep_size:
-                raise InputError(
-                    f"{cluster.source}: instance {inst.instance_id}: its expert-parallel domain "
-                    f"(the instance, or its dp_group) has {npus} NPU(s), not a multiple of "
-                    f"ep_size={inst.ep_size}")
-    roles = [i.pd_type for i in cluster.instances]
-    if any(roles):
-        if not all(roles):
-            raise InputError(f"{cluster.source}: with prefill/decode disaggregation every "
-                             "instance needs pd_type 'prefill' or 'decode'")
-        for role, other in (("prefill", "decode"), ("decode", "prefill")):
-            if role in roles and other not in roles:
-                raise InputError(f"{cluster.source}: pd_type {role!r} instances need at least one "
-                                 f"{other!r} instance to pair with")
-        if len({i.model_name for i in cluster.instances}) > 1:
-            raise InputError(f"{cluster.source}: prefill and decode instances must serve the "
-                             "same model")
-    if opts.prefix_storage == "CXL" and not cluster.cxl_mem:
-        raise InputError(f"{cluster.source}: --prefix-storage CXL needs a cxl_mem block in the "
-                         "cluster config")
-    if opts.prefix_storage == "CPU":
-        for node in cluster.nodes:
-            if node.cpu_mem is None:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}] has no cpu_mem for "
-                                 "--prefix-storage CPU")
-    if opts.enable_prefix_sharing:
-        for node in cluster.nodes:
-            if len({i.model_name for i in node.instances}) > 1:
-                raise InputError(f"{cluster.source}: nodes[{node.node_id}]: prefix sharing needs "
-                                 "every instance of the node to serve the same model")
-
-
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
     check_links(cluster)
@@ -220,7 +120,8 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
         model = instance_model(inst, o)
-        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs)
+        budget = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
+                               dp_group_size(cluster, inst))
         blocks = budget.num_blocks
         pim = None
         if o.enable_attn_offloading:
@@ -247,10 +148,12 @@ def _build_pim(cluster: ClusterConfig, inst: InstanceConfig, model: ModelSpec, o
         raise InputError(f"{cluster.source}: nodes[{node.node_id}] has too few {dev.name} PIM "
                          f"devices to give instance {inst.instance_id} one")
     if opts.pim_mode == "local":
-        bw, lat = node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns
+        # host memory's bus, given to ASTRA-Sim as LLMServingSim gives it (unchanged, one hop)
+        link = Link("FullyConnected", node.cpu_mem.mem_bw_GBps, node.cpu_mem.mem_latency_ns,
+                    "host memory", ASTRA)
     else:
-        bw, lat = _link(cluster, inst, inst)
-    return PimAttention(dev, devices, model, inst.tp_size, bw, lat)
+        link = intra_node_link(cluster, inst)
+    return PimAttention(dev, devices, model, inst.tp_size, link)
 
 
 def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
@@ -288,8 +191,7 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
     steady-state difference (layer-block reuse)."""
     layers = inst.model.num_hidden_layers
     pim = inst.pim
-    network = {"topology": ["FullyConnected"], "npus_count": [2],
-               "bandwidth": [pim.link_bw_GBps], "latency": [pim.link_latency_ns]}
+    network = transfer_topology(pim.link)
 
     def sub_batch(part: BatchShape, nd: int, kv_sum: int, kv_max: int):
         npu_shape = BatchShape(part.num_tokens, part.num_seqs, part.prefill_tokens,
@@ -321,12 +223,6 @@ def pim_iteration_ns(backend, inst: InstanceRuntime, shape: BatchShape, interlea
         return ends + t1
     t2 = backend.run_graphs(network, _pim_layers_graph(2, subs), name="pim2")
     return int(ends + t1 + (layers - 1) * (t2 - t1))
-
-
-def _link(cluster: ClusterConfig, a: InstanceConfig, b: InstanceConfig) -> tuple[float, float]:
-    """(GB/s per direction, ns per hop) of the link between two instances (sim.topology)."""
-    link = link_between(cluster, a, b)
-    return link.bw_GBps, link.latency_ns
 
 
 def kv_transfer_ns(backend, cluster: ClusterConfig, src: InstanceRuntime,
@@ -431,296 +327,16 @@ class Simulator:
         self.instances = build_instances(cluster, opts)
         self._owns_backend = backend is None
         self.backend = backend if backend is not None else make_backend(opts)
-        self.moe_wave = MoEWave(self.backend, lambda a, b: _link(cluster, a, b))
+        self.moe_wave = MoEWave(self.backend,
+                                lambda members, npus: group_topology(cluster, members, npus),
+                                lambda inst, tp: _resolve_provider(
+                                    inst.provider.kind, replace(inst.config, tp_size=tp),
+                                    inst.model, inst.opts, cluster.source))
         PowerModel(cluster, opts.timeseries_interval_ns)  # validates the power blocks early
 
     def run(self, workload: Workload) -> RunResult:
-        wall0 = time.perf_counter()
-        opts = self.opts
-        heads = _fresh_requests(workload)
-        all_reqs: list[Request] = []
-        for h in heads:
-            r = h
-            while r is not None:
-                all_reqs.append(r)
-                r = r.next_sub
-        # Reset per-run instance state.
-        for inst in self.instances:
-            kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
-                                inst.opts.enable_prefix_caching)
-            inst.scheduler = Scheduler(inst.instance_id, inst.opts, kv)
-            inst.scheduler.role = inst.config.pd_type
-        _build_tiers(self.cluster, self.opts, self.instances)
-        schedulers = [i.scheduler for i in self.instances]
-        router = ROUTING_POLICIES.create(opts.routing_policy, opts.seed,
-                                         source="--request-routing-policy")
-        # With PD disaggregation new requests go to prefill instances, and finished prefills
-        # to decode instances chosen by pd_decode_policy.
-        pd = any(i.config.pd_type for i in self.instances)
-        entry = [i for i, inst in enumerate(self.instances)
-                 if not pd or inst.config.pd_type == "prefill"]
-        entry_scheds = [schedulers[i] for i in entry]
-        decode_idx = [i for i, inst in enumerate(self.instances) if inst.config.pd_type == "decode"]
-        decode_scheds = [schedulers[i] for i in decode_idx]
-        decode_router = ROUTING_POLICIES.create(opts.pd_decode_policy, opts.seed,
-                                                source="pd_decode_policy") if pd else None
-        transfers_ns: list[int] = []
-        transfer_bytes = 0
-        power = PowerModel(self.cluster, opts.timeseries_interval_ns)
-        steps: dict[int, list[tuple[int, int, int, int]]] = {}
-        backend = self.backend
-        series = TimeSeries(opts.timeseries_interval_ns)
-        itl: list[int] = []
-
-        # Pending arrivals: a heap of (arrival_ns, rid, request).
-        pending: list[tuple[int, int, Request]] = []
-        clients = workload.closed_loop_clients
-        paced = workload.paced  # a freed client sends the next request at its own time
-        backlog: list[Request] = []
-        if clients > 0:
-            backlog = list(reversed(heads))
-            for c in range(min(clients, len(backlog))):
-                r = backlog.pop()
-                r.arrival_ns = r.arrival_ns if paced else 0
-                r.client_id = c
-                heapq.heappush(pending, (0, r.rid, r))
-        else:
-            for r in heads:
-                heapq.heappush(pending, (r.arrival_ns, r.rid, r))
-
-        # Iterations in flight: (end_ns, seq, unit index, [(instance index, batch)] or None).
-        # A unit is one instance, or a DP group stepping in lockstep. None is a wake-up: with
-        # pipeline parallelism a unit may issue its next batch once the previous one has left
-        # the first stage (up to pp in flight), and a decode instance wakes when a KV
-        # transfer lands.
-        units = _scheduling_units(self.instances)
-        unit_of = {idx: u for u, members in enumerate(units) for idx in members}
-        in_flight: list[tuple[int, int, int, list | None]] = []
-        seq = 0
-        n_units = len(units)
-        inflight_count = [0] * n_units
-        free_at = [0] * n_units
-        depth = [self.instances[m[0]].pp for m in units]
-        # Async scheduling (vLLM's batch queue of 2): step N+1 is scheduled while step N
-        # runs and starts when N ends; a unit schedules again only after a step of its own
-        # completes (or right after scheduling one), so arrivals wait for that point.
-        async_unit = [self.instances[m[0]].opts.async_enabled and depth[u] == 1
-                      for u, m in enumerate(units)]
-        for u, a in enumerate(async_unit):
-            if a:
-                depth[u] = 2
-        busy_until = [0] * n_units
-        may_chain = [False] * n_units
-        # Pipeline stages keep batches in order: one leaves the last stage after the one
-        # before it (a short decode step cannot overtake a long prefill chunk).
-        last_out = [0] * n_units
-        gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
-                                    source="expert_routing_policy")
-        now = 0
-        remaining = len(all_reqs)
-        max_len = opts.max_model_len
-        rejected: list[Request] = []
-
-        def route(req: Request) -> None:
-            nonlocal remaining
-            if max_len is not None and req.input_len >= max_len:
-                # vLLM refuses a prompt that leaves no room to generate (and its session's
-                # later turns, which would extend it); a closed-loop client moves on.
-                r = req
-                while r is not None:
-                    r.rejected = True
-                    rejected.append(r)
-                    remaining -= 1
-                    r = r.next_sub
-                if clients > 0 and backlog:
-                    nxt = backlog.pop()
-                    nxt.arrival_ns = (nxt.arrival_ns if paced and nxt.arrival_ns > req.arrival_ns
-                                      else req.arrival_ns)
-                    nxt.client_id = req.client_id
-                    heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
-                return
-            entry_scheds[router.choose(req, entry_scheds)].add_request(req)
-        max_time = opts.max_sim_time_ns
-        progress = _Progress(len(all_reqs)) if opts.progress else None
-        while remaining > 0:
-            # 1. Next event time: an iteration ending or (if something is idle) an arrival.
-            t_next = in_flight[0][0] if in_flight else None
-            if pending and (t_next is None or pending[0][0] < t_next) and any(
-                    inflight_count[u] < depth[u] for u in range(n_units)):
-                t_next = pending[0][0]
-            if t_next is None:
-                raise RuntimeError("simulation stalled: requests remain but nothing can run")
-            if t_next > now:
-                now = t_next
-            if max_time is not None and now > max_time:
-                break
-            # 2. Route arrivals.
-            while pending and pending[0][0] <= now:
-                _, _, req = heapq.heappop(pending)
-                route(req)
-            # 3. Retire iterations that end now.
-            while in_flight and in_flight[0][0] <= now:
-                end, _, unit, payload = heapq.heappop(in_flight)
-                if payload is None:
-                    continue
-                if payload.__class__ is Request:
-                    # A PD KV transfer has landed: the prefill side frees the blocks it kept.
-                    schedulers[payload.prefill_instance].release_handoff(payload.handoff_blocks)
-                    payload.handoff_blocks = None
-                    continue
-                inflight_count[unit] -= 1
-                may_chain[unit] = True
-                for idx, batch in payload:
-                    sch = schedulers[idx]
-                    finished = sch.complete(batch, end, itl)
-                    series.record(end, batch.prefill_tokens, batch.decode_tokens,
-                                  len(sch.running), len(sch.waiting), sch.kv.usage())
-                    for req in finished:
-                        remaining -= 1
-                        nxt = req.next_sub
-                        if nxt is not None:
-                            nxt.arrival_ns = end + nxt.tool_ns
-                            heapq.heappush(pending, (nxt.arrival_ns, nxt.rid, nxt))
-                        if clients > 0 and backlog:
-                            r = backlog.pop()
-                            r.arrival_ns = r.arrival_ns if paced and r.arrival_ns > end else end
-                            r.client_id = req.client_id
-                            heapq.heappush(pending, (r.arrival_ns, r.rid, r))
-                    if progress is not None and finished:
-                        progress.update(len(all_reqs) - remaining, now)
-                    if sch.handoffs:
-                        for req in sch.handoffs:
-                            req.prefill_instance = idx
-                            req.remote_kv = True
-                            decode_scheds[decode_router.choose(req, decode_scheds)].add_request(req)
-                        sch.handoffs.clear()
-            # Arrivals released at exactly `now` by completions are routed before scheduling.
-            while pending and pending[0][0] <= now:
-                _, _, req = heapq.heappop(pending)
-                route(req)
-            # 4. Idle units schedule their next batch (every member of a DP group at once).
-            for unit, members in enumerate(units):
-                if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
-                    continue
-                if async_unit[unit] and inflight_count[unit] and not may_chain[unit]:
-                    continue
-                may_chain[unit] = False
-                payload = []
-                for idx in members:
-                    inst = self.instances[idx]
-                    batch = inst.scheduler.schedule(now)
-                    if inst.scheduler.admitted_transfers:
-                        for req in inst.scheduler.admitted_transfers:
-                            src = self.instances[req.prefill_instance]
-                            t, nbytes = kv_transfer_ns(backend, self.cluster, src, inst,
-                                                       req.kv_transfer_tokens)
-                            req.ready_ns = now + t
-                            req.kv_transfer_ns = t
-                            transfers_ns.append(t)
-                            transfer_bytes += nbytes
-                            if power.enabled:
-                                power.add_link_bytes(src.config.node_id, now, nbytes)
-                            seq += 1
-                            heapq.heappush(in_flight, (req.ready_ns, seq, unit_of[idx], req))
-                        inst.scheduler.admitted_transfers.clear()
-                    if batch is not None:
-                        payload.append((idx, batch))
-                    elif (inst.scheduler.waiting and not inst.scheduler.running
-                          and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
-                          and not inst.scheduler.receiving):
-                        head = inst.scheduler.waiting[0]
-                        o = inst.opts
-                        if (not o.enable_chunked_prefill and o.max_num_batched_tokens
-                                and head.num_tokens > o.max_num_batched_tokens):
-                            raise InputError(
-                                f"request {head.rid} has a {head.num_tokens}-token prompt but "
-                                f"max_num_batched_tokens={o.max_num_batched_tokens} and chunked "
-                                "prefill is off; raise max_num_batched_tokens or enable chunked "
-                                "prefill")
-                        raise InputError(
-                            f"request {head.rid} needs {head.num_tokens} tokens of KV but instance "
-                            f"{inst.instance_id} holds at most "
-                            f"{(inst.num_kv_blocks - 1) * inst.opts.block_size}")
-                if not payload:
-                    continue
-                lead = self.instances[members[0]]
-                if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
-                    by_idx = dict(payload)
-                    shapes = [by_idx[i].shape if i in by_idx else None for i in members]
-                    dur = self._moe_wave_ns([self.instances[i] for i in members], shapes, gate)
-                    dur += _tier_loads_ns(self.instances, payload)
-                elif lead.pim is not None:
-                    dur = pim_iteration_ns(backend, lead, payload[0][1].shape,
-                                           lead.opts.enable_sub_batch_interleaving)
-                    dur += _tier_loads_ns(self.instances, payload)
-                else:
-                    # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
-                    dur = backend.iteration_ns(lead, payload[0][1].shape,
-                                               payload[0][1].tier_load_bytes)
-                dur = max(1, dur)
-                start = now
-                if async_unit[unit]:
-                    start = busy_until[unit] if busy_until[unit] > now else now
-                    busy_until[unit] = start + dur
-                    may_chain[unit] = True  # vLLM schedules the next step right away
-                    seq += 1
-                    heapq.heappush(in_flight, (now, seq, unit, None))
-                end = start + dur
-                if depth[unit] > 1 and not async_unit[unit]:
-                    out = last_out[unit] + max(1, dur // depth[unit])
-                    if out > end:
-                        end = out
-                    last_out[unit] = end
-                if power.enabled:
-                    by_idx = dict(payload)
-                    for i in members:
-                        shape = by_idx[i].shape if i in by_idx else DUMMY_SHAPE
-                        inst_i = self.instances[i]
-                        steps.setdefault(inst_i.instance_id, []).append(
-                            (start, start + dur, iteration_memory_bytes(inst_i, shape),
-                             iteration_link_bytes(inst_i, shape)))
-                inflight_count[unit] += 1
-                seq += 1
-                heapq.heappush(in_flight, (end, seq, unit, payload))
-                if depth[unit] > 1 and not async_unit[unit]:
-                    # Equal stages: the next batch may enter stage 0 after one stage time.
-                    free_at[unit] = now + max(1, dur // depth[unit])
-                    seq += 1
-                    heapq.heappush(in_flight, (free_at[unit], seq, unit, None))
-        if progress is not None:
-            progress.close()
-        wall = time.perf_counter() - wall0
-        summary = summarize(all_reqs, itl, now, wall,
-                            sum(s.num_preemptions for s in schedulers),
-                            sum(s.kv.hit_tokens for s in schedulers),
-                            sum(s.kv.queried_tokens for s in schedulers))
-        summary.update(self.describe())
-        lower = sum(s.kv.lower_hit_tokens for s in schedulers)
-        queried = sum(s.kv.queried_tokens for s in schedulers)
-        summary["prefix_hit_tokens_npu"] = summary["prefix_hit_tokens"] - lower
-        summary["prefix_hit_tokens_lower_tier"] = lower
-        summary["prefix_hit_ratio_npu"] = (summary["prefix_hit_tokens"] - lower) / queried if queried else 0.0
-        summary["prefix_hit_ratio_lower_tier"] = lower / queried if queried else 0.0
-        summary["prefix_storage"] = self.opts.prefix_storage
-        if power.enabled:
-            energy = power.finalize(self.instances, steps, now)
-            gen = sum(r.num_output for r in all_reqs)
-            summary.update(energy)
-            summary["energy_per_output_token_j"] = energy["energy_j"] / gen if gen else None
-            summary["avg_power_w"] = energy["energy_j"] / (now / 1e9) if now else None
-            series.power = power.power_series()
-        summary["rejected_requests"] = len(rejected)
-        summary["kv_transfers"] = len(transfers_ns)
-        summary["kv_transfer_bytes"] = transfer_bytes
-        summary["kv_transfer_ms"] = stats_ms(transfers_ns) if transfers_ns else None
-        extrap = {}
-        for inst in self.instances:
-            for k, v in inst.provider.extrapolations().items():
-                extrap[k] = extrap.get(k, 0) + v
-        summary["latency_extrapolations"] = extrap
-        # one number a search can constrain on: lookups the latency data did not cover
-        summary["latency_off_grid_lookups"] = sum(extrap.values())
-        return RunResult(all_reqs, summary, series)
+        """Simulate ``workload`` from an empty cluster (the workload is not modified)."""
+        return _Run(self, workload).loop()
 
     def _moe_wave_ns(self, members: list[InstanceRuntime], shapes: list[BatchShape | None],
                      gate) -> int:
@@ -751,6 +367,515 @@ class Simulator:
         """Release the backend if this simulator created it (a caller's is left running)."""
         if self._owns_backend:
             self.backend.close()
+
+
+class _Run:
+    """One ``Simulator.run``: the state of the discrete-event loop and its steps, by concern.
+
+    The event core (``loop``) picks the next event time; arrivals are routed
+    (``_route_due``); iterations that end are retired (``_retire_due``: tokens,
+    completions, follow-up arrivals, PD hand-offs); idle units schedule and time their
+    next step (``_schedule_units``, ``_step_ns`` per unit kind, ``_launch``); ``result``
+    builds the summary.
+    """
+
+    def __init__(self, sim: Simulator, workload: Workload) -> None:
+        self.wall0 = time.perf_counter()
+        self.sim = sim
+        self.instances = sim.instances
+        self.opts = opts = sim.opts
+        self.backend = sim.backend
+        heads = _fresh_requests(workload)
+        self.all_reqs = all_reqs = []
+        for h in heads:
+            r = h
+            while r is not None:
+                all_reqs.append(r)
+                r = r.next_sub
+        self._reset_instances()
+        self.schedulers = [i.scheduler for i in self.instances]
+        self._init_routing()
+        self.transfers_ns: list[int] = []
+        self.transfer_bytes = 0
+        self.power = PowerModel(sim.cluster, opts.timeseries_interval_ns)
+        self.steps: dict[int, list[tuple[int, int, int, int]]] = {}
+        self.series = TimeSeries(opts.timeseries_interval_ns)
+        self.itl: list[int] = []
+        self._init_arrivals(workload, heads)
+        self._init_units()
+        self.gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
+                                         source="expert_routing_policy")
+        self.now = 0
+        self.remaining = len(all_reqs)
+        self.rejected: list[Request] = []
+
+    def _reset_instances(self) -> None:
+        for inst in self.instances:
+            kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
+                                inst.opts.enable_prefix_caching)
+            inst.scheduler = Scheduler(inst.instance_id, inst.opts, kv)
+            inst.scheduler.role = inst.config.pd_type
+        _build_tiers(self.sim.cluster, self.opts, self.instances)
+
+    def _init_routing(self) -> None:
+        """With PD disaggregation new requests go to prefill instances, and finished
+        prefills to decode instances chosen by pd_decode_policy."""
+        opts, schedulers = self.opts, self.schedulers
+        self.router = ROUTING_POLICIES.create(opts.routing_policy, opts.seed,
+                                              source="--request-routing-policy")
+        pd = any(i.config.pd_type for i in self.instances)
+        self.entry_scheds = [schedulers[i] for i, inst in enumerate(self.instances)
+                             if not pd or inst.config.pd_type == "prefill"]
+        self.decode_scheds = [schedulers[i] for i, inst in enumerate(self.instances)
+                              if inst.config.pd_type == "decode"]
+        self.decode_router = ROUTING_POLICIES.create(opts.pd_decode_policy, opts.seed,
+                                                     source="pd_decode_policy") if pd else None
+
+    def _init_arrivals(self, workload: Workload, heads: list[Request]) -> None:
+        """Pending arrivals: a heap of (arrival_ns, rid, request); closed-loop clients
+        release the backlog one request per finished one."""
+        self.pending: list[tuple[int, int, Request]] = []
+        self.clients = workload.closed_loop_clients
+        self.paced = workload.paced  # a freed client sends the next request at its own time
+        self.backlog: list[Request] = []
+        if self.clients > 0:
+            self.backlog = list(reversed(heads))
+            for c in range(min(self.clients, len(self.backlog))):
+                r = self.backlog.pop()
+                r.arrival_ns = r.arrival_ns if self.paced else 0
+                r.client_id = c
+                heapq.heappush(self.pending, (0, r.rid, r))
+        else:
+            for r in heads:
+                heapq.heappush(self.pending, (r.arrival_ns, r.rid, r))
+
+    def _init_units(self) -> None:
+        """Iterations in flight: (end_ns, seq, unit index, [(instance index, batch)] or
+        None). A unit is one instance, or a DP group stepping in lockstep. None is a
+        wake-up: with pipeline parallelism a unit may issue its next batch once the
+        previous one has left the first stage (up to pp in flight), and a decode instance
+        wakes when a KV transfer lands. A Request payload is a landed PD KV transfer."""
+        self.units = units = _scheduling_units(self.instances)
+        self.unit_of = {idx: u for u, members in enumerate(units) for idx in members}
+        self.in_flight: list[tuple[int, int, int, list | Request | None]] = []
+        self.seq = 0
+        n_units = len(units)
+        self.inflight_count = [0] * n_units
+        self.free_at = [0] * n_units
+        self.depth = depth = [self.instances[m[0]].pp for m in units]
+        # Async scheduling (vLLM's batch queue of 2): step N+1 is scheduled while step N
+        # runs and starts when N ends; a unit schedules again only after a step of its own
+        # completes (or right after scheduling one), so arrivals wait for that point.
+        self.async_unit = [self.instances[m[0]].opts.async_enabled and depth[u] == 1
+                           for u, m in enumerate(units)]
+        for u, a in enumerate(self.async_unit):
+            if a:
+                depth[u] = 2
+        self.busy_until = [0] * n_units
+        self.may_chain = [False] * n_units
+        # Pipeline stages keep batches in order: one leaves the last stage after the one
+        # before it (a short decode step cannot overtake a long prefill chunk).
+        self.last_out = [0] * n_units
+        self.leap_unit = [self._leapable(u) for u in range(n_units)]
+
+    # ------------------------------------------------------------------ event core
+    def loop(self) -> RunResult:
+        max_time = self.opts.max_sim_time_ns
+        self.progress = _Progress(len(self.all_reqs)) if self.opts.progress else None
+        while self.remaining > 0:
+            t_next = self._next_event_time()
+            if t_next > self.now:
+                self.now = t_next
+            if max_time is not None and self.now > max_time:
+                break
+            self._route_due()
+            self._retire_due()
+            # Arrivals released at exactly `now` by completions are routed before scheduling.
+            self._route_due()
+            self._schedule_units()
+        if self.progress is not None:
+            self.progress.close()
+        return self.result()
+
+    def _next_event_time(self) -> int:
+        """An iteration ending or (if some unit could take work) an arrival."""
+        in_flight, pending = self.in_flight, self.pending
+        t_next = in_flight[0][0] if in_flight else None
+        if pending and (t_next is None or pending[0][0] < t_next) and any(
+                c < d for c, d in zip(self.inflight_count, self.depth)):
+            t_next = pending[0][0]
+        if t_next is None:
+            raise RuntimeError("simulation stalled: requests remain but nothing can run")
+        return t_next
+
+    def _push(self, t: int, unit: int, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.in_flight, (t, self.seq, unit, payload))
+
+    # ------------------------------------------------------------------ arrivals
+    def _route_due(self) -> None:
+        pending, now = self.pending, self.now
+        while pending and pending[0][0] <= now:
+            self._route(heapq.heappop(pending)[2])
+
+    def _route(self, req: Request) -> None:
+        max_len = self.opts.max_model_len
+        if max_len is not None and req.input_len >= max_len:
+            # vLLM refuses a prompt that leaves no room to generate (and its session's
+            # later turns, which would extend it); a closed-loop client moves on.
+            r = req
+            while r is not None:
+                r.rejected = True
+                self.rejected.append(r)
+                self.remaining -= 1
+                r = r.next_sub
+            if self.clients > 0 and self.backlog:
+                nxt = self.backlog.pop()
+                nxt.arrival_ns = (nxt.arrival_ns if self.paced and nxt.arrival_ns > req.arrival_ns
+                                  else req.arrival_ns)
+                nxt.client_id = req.client_id
+                heapq.heappush(self.pending, (nxt.arrival_ns, nxt.rid, nxt))
+            return
+        self.entry_scheds[self.router.choose(req, self.entry_scheds)].add_request(req)
+
+    def _release_followers(self, req: Request, end: int) -> None:
+        """A finished request frees its session's next turn and its closed-loop client."""
+        nxt = req.next_sub
+        if nxt is not None:
+            nxt.arrival_ns = end + nxt.tool_ns
+            heapq.heappush(self.pending, (nxt.arrival_ns, nxt.rid, nxt))
+        if self.clients > 0 and self.backlog:
+            r = self.backlog.pop()
+            r.arrival_ns = r.arrival_ns if self.paced and r.arrival_ns > end else end
+            r.client_id = req.client_id
+            heapq.heappush(self.pending, (r.arrival_ns, r.rid, r))
+
+    # ------------------------------------------------------------------ completion
+    def _retire_due(self) -> None:
+        """Retire the iterations (and wake-ups, landed KV transfers) that end now."""
+        in_flight, now = self.in_flight, self.now
+        while in_flight and in_flight[0][0] <= now:
+            end, _, unit, payload = heapq.heappop(in_flight)
+            if payload is None:
+                continue
+            if payload.__class__ is Request:
+                # A PD KV transfer has landed: the prefill side frees the blocks it kept.
+                self.schedulers[payload.prefill_instance].release_handoff(payload.handoff_blocks)
+                payload.handoff_blocks = None
+                continue
+            self.inflight_count[unit] -= 1
+            self.may_chain[unit] = True
+            for idx, batch in payload:
+                self._complete(idx, batch, end)
+
+    def _complete(self, idx: int, batch, end: int) -> None:
+        sch = self.schedulers[idx]
+        finished = sch.complete(batch, end, self.itl)
+        self.series.record(end, batch.prefill_tokens, batch.decode_tokens,
+                           len(sch.running), len(sch.waiting), sch.kv.usage())
+        for req in finished:
+            self.remaining -= 1
+            self._release_followers(req, end)
+        if self.progress is not None and finished:
+            self.progress.update(len(self.all_reqs) - self.remaining, self.now)
+        if sch.handoffs:
+            self._hand_off(idx, sch)
+
+    # ------------------------------------------------------------------ PD hand-off
+    def _hand_off(self, idx: int, sch: Scheduler) -> None:
+        """Finished prefills move to a decode instance, which pulls their KV."""
+        for req in sch.handoffs:
+            req.prefill_instance = idx
+            req.remote_kv = True
+            self.decode_scheds[self.decode_router.choose(req, self.decode_scheds)].add_request(req)
+        sch.handoffs.clear()
+
+    def _start_transfers(self, idx: int, inst: InstanceRuntime) -> None:
+        """Time the KV transfers of the requests a decode instance just admitted; each
+        lands as an event that frees the prefill side's blocks."""
+        sim, now = self.sim, self.now
+        for req in inst.scheduler.admitted_transfers:
+            src = self.instances[req.prefill_instance]
+            t, nbytes = kv_transfer_ns(self.backend, sim.cluster, src, inst,
+                                       req.kv_transfer_tokens)
+            req.ready_ns = now + t
+            req.kv_transfer_ns = t
+            self.transfers_ns.append(t)
+            self.transfer_bytes += nbytes
+            if self.power.enabled:
+                self.power.add_link_bytes(src.config.node_id, now, nbytes)
+            self._push(req.ready_ns, self.unit_of[idx], req)
+        inst.scheduler.admitted_transfers.clear()
+
+    # ------------------------------------------------------------------ step dispatch
+    def _schedule_units(self) -> None:
+        """Idle units schedule their next batch (every member of a DP group at once)."""
+        now = self.now
+        inflight_count, depth, free_at = self.inflight_count, self.depth, self.free_at
+        for unit, members in enumerate(self.units):
+            if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
+                continue
+            if self.async_unit[unit] and inflight_count[unit] and not self.may_chain[unit]:
+                continue
+            if self.leap_unit[unit] and self._try_leap(unit):
+                continue
+            self.may_chain[unit] = False
+            payload = []
+            for idx in members:
+                inst = self.instances[idx]
+                batch = inst.scheduler.schedule(now)
+                if inst.scheduler.admitted_transfers:
+                    self._start_transfers(idx, inst)
+                if batch is not None:
+                    payload.append((idx, batch))
+                elif (inst.scheduler.waiting and not inst.scheduler.running
+                      and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
+                      and not inst.scheduler.receiving):
+                    _raise_unschedulable(inst)
+            if payload:
+                self._launch(unit, members, payload, self._step_ns(members, payload))
+
+    def _step_ns(self, members: list[int], payload: list) -> int:
+        """The step's time, by unit kind: an MoE wave of a DP group (or ep > 1), an
+        iteration with attention on PIM, or a plain iteration through the backend."""
+        instances = self.instances
+        lead = instances[members[0]]
+        if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
+            by_idx = dict(payload)
+            shapes = [by_idx[i].shape if i in by_idx else None for i in members]
+            dur = self.sim._moe_wave_ns([instances[i] for i in members], shapes, self.gate)
+            dur += _tier_loads_ns(instances, payload)
+        elif lead.pim is not None:
+            dur = pim_iteration_ns(self.backend, lead, payload[0][1].shape,
+                                   lead.opts.enable_sub_batch_interleaving)
+            dur += _tier_loads_ns(instances, payload)
+        else:
+            # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
+            dur = self.backend.iteration_ns(lead, payload[0][1].shape,
+                                            payload[0][1].tier_load_bytes)
+        return max(1, dur)
+
+    def _launch(self, unit: int, members: list[int], payload: list, dur: int) -> None:
+        """Put a timed step in flight: async units chain it after the step running,
+        pipelined ones let the next batch enter after one stage time."""
+        now = self.now
+        start = now
+        pipelined = self.depth[unit] > 1 and not self.async_unit[unit]
+        if self.async_unit[unit]:
+            start = self.busy_until[unit] if self.busy_until[unit] > now else now
+            self.busy_until[unit] = start + dur
+            self.may_chain[unit] = True  # vLLM schedules the next step right away
+            self._push(now, unit, None)
+        end = start + dur
+        if pipelined:
+            out = self.last_out[unit] + max(1, dur // self.depth[unit])
+            if out > end:
+                end = out
+            self.last_out[unit] = end
+        if self.power.enabled:
+            self._record_power(members, payload, start, dur)
+        self.inflight_count[unit] += 1
+        self._push(end, unit, payload)
+        if pipelined:
+            # Equal stages: the next batch may enter stage 0 after one stage time.
+            self.free_at[unit] = now + max(1, dur // self.depth[unit])
+            self._push(self.free_at[unit], unit, None)
+
+    def _record_power(self, members: list[int], payload: list, start: int, dur: int) -> None:
+        by_idx = dict(payload)
+        for i in members:
+            shape = by_idx[i].shape if i in by_idx else DUMMY_SHAPE
+            inst = self.instances[i]
+            self.steps.setdefault(inst.instance_id, []).append(
+                (start, start + dur, iteration_memory_bytes(inst, shape),
+                 iteration_link_bytes(inst, shape)))
+
+    # ------------------------------------------------------------------ event leaping
+    def _leapable(self, unit: int) -> bool:
+        """Units a leap may advance: one instance stepping through the plain backend path
+        (no DP/EP wave, no PIM, no pipeline stages, no PD role)."""
+        members = self.units[unit]
+        inst = self.instances[members[0]]
+        return (self.opts.event_leaping and len(members) == 1 and inst.pim is None
+                and inst.pp == 1 and inst.config.pd_type is None
+                and not (inst.model.is_moe and inst.config.ep_size > 1))
+
+    def _others_inert(self, unit: int) -> bool:
+        """Whether no other unit can act before its own next event: each is full, waiting
+        for a stage or its own step, or has nothing to schedule."""
+        now = self.now
+        for v, members in enumerate(self.units):
+            if v == unit or self.inflight_count[v] >= self.depth[v] or self.free_at[v] > now:
+                continue
+            if self.async_unit[v] and self.inflight_count[v] and not self.may_chain[v]:
+                continue
+            for idx in members:
+                s = self.schedulers[idx]
+                if s.running or s.waiting or s.receiving:
+                    return False
+        return True
+
+    def _try_leap(self, unit: int) -> bool:
+        """Advance ``unit`` over a stretch of pure-decode steps up to the next event of
+        anything else (sim.leap); False (nothing done) where no stretch applies."""
+        idx = self.units[unit][0]
+        sch = self.schedulers[idx]
+        if not sch.running:
+            return False
+        b1 = None
+        if self.async_unit[unit]:
+            if self.inflight_count[unit] != 1:
+                return False
+            b1 = next((e for e in self.in_flight if e[2] == unit and e[3].__class__ is list),
+                      None)
+            if b1 is None or not steady_decode(sch, b1[3][0][1]):
+                return False
+        elif self.inflight_count[unit] or not steady_decode(sch, None):
+            return False
+        if not self._others_inert(unit):
+            return False
+        horizon = self._horizon(b1)
+        if b1 is not None and b1[0] >= horizon:
+            return False
+        plan = plan_leap(sch)
+        if plan is None:
+            return False
+        durations, completions = self._leap_times(idx, plan, b1, horizon)
+        if b1 is not None:
+            self.in_flight.remove(b1)
+            heapq.heapify(self.in_flight)
+        self._apply_leap(unit, idx, plan, durations, completions)
+        return True
+
+    def _horizon(self, own_step) -> int:
+        """The first time at which something other than the leaping unit's own step may
+        happen: an arrival, another event in flight, or the end of simulated time."""
+        h = self.pending[0][0] if self.pending else 1 << 62
+        for e in self.in_flight:
+            if e[0] < h and e is not own_step:
+                h = e[0]
+        if self.opts.max_sim_time_ns is not None and self.opts.max_sim_time_ns + 1 < h:
+            h = self.opts.max_sim_time_ns + 1
+        return h
+
+    def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
+        """Step durations and completion times of the stretch. Each completion before
+        ``horizon`` is in; the step after the last completion is scheduled (and stays in
+        flight) whenever it may be, so every step timed is a step taken."""
+        inst = self.instances[idx]
+        n = len(inst.scheduler.running)
+        durations: list[int] = []
+        if own_step is None:  # sync: step j runs from the (j-1)-th completion
+            completions: list[int] = []
+            t, limit = self.now, plan.max_steps
+        else:  # async: step j runs after the step in flight, completions start with it
+            completions = [own_step[0]]
+            t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
+        stretch = None
+        timer = getattr(self.backend, "decode_stretch", None)
+        if timer is not None and limit > 1:
+            stretch = timer(inst, step_shape(plan, n, 0), limit)
+        for j in range(limit):
+            if stretch is not None:
+                d = stretch.durations[j]
+            else:
+                d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
+            d = d if d > 1 else 1
+            durations.append(d)
+            end = t + d
+            if end >= horizon or len(completions) == plan.max_completions or (
+                    own_step is not None and j + 1 == limit):
+                break
+            completions.append(end)
+            t = end
+        if stretch is not None:
+            stretch.record(len(durations))
+        return durations, completions
+
+    def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
+                    completions: list[int]) -> None:
+        inst = self.instances[idx]
+        sch = inst.scheduler
+        steps = len(durations)
+        batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
+        n = len(sch.running)
+        usable = sch.kv.num_blocks
+        for k, t in enumerate(completions):
+            free = plan.free0 - plan.pops_through[k]
+            self.series.record(t, 0, n, n, len(sch.waiting), (usable - free) / usable)
+        async_ = self.async_unit[unit]
+        starts = completions[:steps] if async_ else [self.now, *completions][:steps]
+        if self.power.enabled:
+            rows = self.steps.setdefault(inst.instance_id, [])
+            for j, (start, d) in enumerate(zip(starts, durations)):
+                shape = step_shape(plan, n, j)
+                rows.append((start, start + d, iteration_memory_bytes(inst, shape),
+                             iteration_link_bytes(inst, shape)))
+        if batch is not None:
+            end = starts[-1] + durations[-1]
+            if async_:
+                self.busy_until[unit] = end
+                self.may_chain[unit] = True
+            else:
+                self.inflight_count[unit] += 1
+            self._push(end, unit, [(idx, batch)])
+        if completions and (async_ or batch is None):
+            # The step-by-step loop schedules the unit again at its last completion.
+            self._push(completions[-1], unit, None)
+
+    # ------------------------------------------------------------------ summary
+    def result(self) -> RunResult:
+        schedulers, now, power = self.schedulers, self.now, self.power
+        wall = time.perf_counter() - self.wall0
+        summary = summarize(self.all_reqs, self.itl, now, wall,
+                            sum(s.num_preemptions for s in schedulers),
+                            sum(s.kv.hit_tokens for s in schedulers),
+                            sum(s.kv.queried_tokens for s in schedulers))
+        summary.update(self.sim.describe())
+        lower = sum(s.kv.lower_hit_tokens for s in schedulers)
+        queried = sum(s.kv.queried_tokens for s in schedulers)
+        hits = summary["prefix_hit_tokens"]
+        summary["prefix_hit_tokens_npu"] = hits - lower
+        summary["prefix_hit_tokens_lower_tier"] = lower
+        summary["prefix_hit_ratio_npu"] = (hits - lower) / queried if queried else 0.0
+        summary["prefix_hit_ratio_lower_tier"] = lower / queried if queried else 0.0
+        summary["prefix_storage"] = self.opts.prefix_storage
+        if power.enabled:
+            energy = power.finalize(self.instances, self.steps, now)
+            gen = sum(r.num_output for r in self.all_reqs)
+            summary.update(energy)
+            summary["energy_per_output_token_j"] = energy["energy_j"] / gen if gen else None
+            summary["avg_power_w"] = energy["energy_j"] / (now / 1e9) if now else None
+            self.series.power = power.power_series()
+        summary["rejected_requests"] = len(self.rejected)
+        summary["kv_transfers"] = len(self.transfers_ns)
+        summary["kv_transfer_bytes"] = self.transfer_bytes
+        summary["kv_transfer_ms"] = stats_ms(self.transfers_ns) if self.transfers_ns else None
+        extrap: dict[str, int] = {}
+        for inst in self.instances:
+            for k, v in inst.provider.extrapolations().items():
+                extrap[k] = extrap.get(k, 0) + v
+        summary["latency_extrapolations"] = extrap
+        # one number a search can constrain on: lookups the latency data did not cover
+        summary["latency_off_grid_lookups"] = sum(extrap.values())
+        return RunResult(self.all_reqs, summary, self.series)
+
+
+def _raise_unschedulable(inst: InstanceRuntime) -> None:
+    """An idle instance whose waiting head can never be scheduled: say why."""
+    head = inst.scheduler.waiting[0]
+    o = inst.opts
+    if (not o.enable_chunked_prefill and o.max_num_batched_tokens
+            and head.num_tokens > o.max_num_batched_tokens):
+        raise InputError(
+            f"request {head.rid} has a {head.num_tokens}-token prompt but "
+            f"max_num_batched_tokens={o.max_num_batched_tokens} and chunked "
+            "prefill is off; raise max_num_batched_tokens or enable chunked "
+            "prefill")
+    raise InputError(
+        f"request {head.rid} needs {head.num_tokens} tokens of KV but instance "
+        f"{inst.instance_id} holds at most "
+        f"{(inst.num_kv_blocks - 1) * inst.opts.block_size}")
 
 
 class _Progress:

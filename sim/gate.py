@@ -10,9 +10,12 @@ its local experts that are activated. Ranks own contiguous expert ranges of
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from sim.registry import Registry
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GATE_POLICIES: Registry = Registry("expert gate policy")
 
@@ -49,6 +52,8 @@ class RoundRobin:
         self.next = 0
 
     def assign(self, tokens: int, num_experts: int, top_k: int, ep: int) -> list[tuple[int, int]]:
+        import numpy as np
+
         total = tokens * top_k
         counts = np.full(num_experts, total // num_experts, dtype=np.int64)
         rest = total % num_experts
@@ -63,9 +68,20 @@ class UniformRandom:
     """Each assignment picks an expert uniformly at random (seeded)."""
 
     def __init__(self, seed: int = 0) -> None:
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self._rng = None  # made at the first draw: a dense model's run never imports numpy
+
+    @property
+    def rng(self):
+        if self._rng is None:
+            import numpy as np
+
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     def assign(self, tokens: int, num_experts: int, top_k: int, ep: int) -> list[tuple[int, int]]:
+        import numpy as np
+
         counts = np.bincount(self.rng.integers(0, num_experts, size=tokens * top_k),
                              minlength=num_experts)
         return _per_rank(counts, ep)

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from sim.errors import InputError, unknown_name
 from sim.paths import profiles_root
+from sim.yamlio import load_yaml_files
 
 REQUIRED_FIELDS = ("name", "peak_tflops", "mem_size_GiB", "mem_bw_GBps", "link_bw_GBps",
                    "link_latency_ns", "power_idle_W", "power_tdp_W")
@@ -158,11 +157,8 @@ def hardware_dir(directory: str | os.PathLike | None = None) -> Path:
 @cache
 def _catalogue_at(directory: str) -> tuple[dict[str, HardwareSpec], dict[str, HardwareSpec]]:
     exact: dict[str, HardwareSpec] = {}
-    for f in sorted(Path(directory).glob("*.yaml")):
-        try:
-            data = yaml.safe_load(f.read_text())
-        except yaml.YAMLError as exc:
-            raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+    files = sorted(Path(directory).glob("*.yaml"))
+    for f, data in zip(files, load_yaml_files("hardware", files), strict=True):
         spec = _from_mapping(data, str(f))
         if spec.name in exact and exact[spec.name].source != spec.source:
             raise InputError(f"hardware name {spec.name!r} also defined in "

@@ -7,7 +7,9 @@ vLLM (``Worker.determine_available_memory``) gives the KV cache what is left of 
     KV memory   = requested - (weights + peak activation of the profile run + non-torch memory)
     num_blocks  = KV memory // (bytes of one block across the worker's attention layers)
 
-per worker (one TP/PP shard); the engine keeps the smallest count across workers. The
+per worker (one TP/PP shard: a pipeline stage's worker counts its own layers' weights and
+KV, the embedding on the first stage, the lm_head and sampler on the last); the engine
+keeps the smallest count across workers. The
 profile run is one forward pass over ``max_num_batched_tokens`` tokens spread over
 ``min(max_num_seqs, max_num_batched_tokens)`` dummy requests, followed on the last
 pipeline stage by a dummy sampler run over one row of logits per request with top-k and
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from sim.cluster import GiB, InstanceConfig
 from sim.errors import InputError
 from sim.model import ModelSpec
+from sim.options import SimOptions
 
 MiB = 1 << 20
 
@@ -159,31 +162,67 @@ def activation_peak_bytes(model: ModelSpec, tp: int, ep: int, max_num_batched_to
                hidden + sampler_peak_bytes(model, reqs))
 
 
-def non_torch_bytes(inst: InstanceConfig) -> int:
-    grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1
+def non_torch_bytes(inst: InstanceConfig, dp: int = 1) -> int:
+    """A worker in any multi-GPU group (TP, PP, EP, or the DP group's communicators)."""
+    grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1 or dp > 1
     return NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if grouped else 0)
 
 
+def pp_stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Decoder layers of each pipeline stage as vLLM splits them (get_pp_indices without
+    VLLM_PP_LAYER_PARTITION): num_layers // pp each, the remainder one apiece to the
+    stages before the last, from the second-to-last backwards (the last stage also holds
+    the final norm and the lm_head)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
 def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
-                  max_num_batched_tokens: int, max_num_seqs: int) -> MemoryBudget:
-    """vLLM's memory accounting for one worker of ``inst``; raises InputError (naming the
-    instance and the shortfall) when no KV block fits."""
+                  max_num_batched_tokens: int, max_num_seqs: int, dp: int = 1) -> MemoryBudget:
+    """vLLM's memory accounting for ``inst``: each pipeline stage's worker profiles its
+    own memory (its layers' weights, the embedding on the first stage, the lm_head and
+    the dummy sampler run on the last) and sizes its cache for its own layers; the engine
+    keeps the smallest block count across workers. Returns the binding stage's accounting;
+    raises InputError (naming the instance and the shortfall) when no KV block fits.
+
+    ``dp`` is the size of the instance's DP group. An MoE model's experts in a DP group
+    without expert parallelism are sharded over all dp x tp ranks (vLLM's
+    flatten_tp_across_dp), which holds the same bytes per rank as dp x tp expert-parallel
+    ranks, and the profile run's MoE layers see the tokens of the whole group either way."""
     total = device_total_bytes(inst)
     util = inst.npu_mem.mem_util
     requested = int(total * util)
-    weights = weight_bytes(model, inst.tp_size, inst.pp_size, inst.ep_size)
-    act = activation_peak_bytes(model, inst.tp_size, inst.ep_size, max_num_batched_tokens,
-                                max_num_seqs)
-    other = non_torch_bytes(inst)
-    kv = requested - weights - act - other
-    block = model.kv_bytes_per_token(inst.tp_size, inst.pp_size) * block_size
+    tp, pp, ep = inst.tp_size, inst.pp_size, inst.ep_size
+    if model.is_moe and ep == 1 and dp > 1:
+        ep = dp * tp
+    other = non_torch_bytes(inst, dp)
+    rotary = model.max_position_embeddings * model.head_dim * model.dtype_bytes
+    kv_per_layer = model.kv_bytes_per_token(tp, 1) // model.num_hidden_layers * block_size
+    tokens, _ = profile_tokens(max_num_batched_tokens, max_num_seqs)
+    budgets = []
+    for stage, layers in enumerate(pp_stage_layers(model.num_hidden_layers, pp)):
+        last = stage == pp - 1
+        weights = model.stage_weight_bytes(tp, layers, stage == 0, last, ep) + rotary
+        if last:
+            act = activation_peak_bytes(model, tp, ep, max_num_batched_tokens, max_num_seqs)
+        else:
+            act = forward_peak_bytes(model, tokens, tp, ep)
+        budgets.append((weights, act, kv_per_layer * max(1, layers)))
     where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
+    weights = max(w for w, _, _ in budgets)
     if weights >= requested:
         raise InputError(
             f"{where}: {model.precision} weights need {weights / GiB:.2f} GiB per NPU but only "
             f"{requested / GiB:.2f} GiB is requested (npu_mem.mem_size={inst.npu_mem.mem_size_gib}"
             f" GiB, {total / GiB:.2f} GiB as CUDA reports it, x mem_util={util}); raise "
             "tp_size/pp_size or use a larger device")
+    # the binding worker: the fewest blocks (the first such stage)
+    stage = min(range(pp), key=lambda i: (max(0, requested - budgets[i][0] - budgets[i][1]
+                                                 - other) // budgets[i][2], i))
+    weights, act, block = budgets[stage]
+    kv = requested - weights - act - other
     blocks = max(0, kv) // block
     if blocks < 2:
         raise InputError(
@@ -199,6 +238,7 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
 
 
 def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int,
-                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256) -> int:
+                       max_num_batched_tokens: int = SimOptions.max_num_batched_tokens,
+                       max_num_seqs: int = SimOptions.max_num_seqs) -> int:
     """KV blocks per worker of ``inst`` as vLLM 0.19 derives them."""
     return memory_budget(inst, model, block_size, max_num_batched_tokens, max_num_seqs).num_blocks

@@ -1,20 +1,20 @@
 """Run results: per-request table, summary statistics and the per-interval time series.
 
 Kept apart from the simulation: the engine records plain numbers, and this module turns
-them into tables and JSON at the end (pandas/numpy only here, never in the loop).
-pandas is imported only when a DataFrame is asked for: the CLI writes its CSVs with the csv
-module, so `llmsim run` does not pay pandas' import time.
+them into tables and JSON at the end. pandas is imported only when a DataFrame is asked
+for: the CLI writes its CSVs with the csv module, and the summary statistics are computed
+in plain Python (:func:`stats_ms`, numerically the same as numpy's), so `llmsim run` pays
+neither pandas' nor numpy's import time.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from sim.request import Request
 
@@ -30,13 +30,57 @@ TIMESERIES_COLUMNS = ("t_s", "prompt_tps", "gen_tps", "running", "waiting", "kv_
 PERCENTILES = (50, 90, 95, 99)
 
 
+def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
+    """Sum of ``a[lo:lo + n]`` added in numpy's order (its pairwise summation of float64:
+    blocks of at most 128 summed in 8 interleaved lanes), so that it is bit for bit
+    ``np.add.reduce``'s result."""
+    if n < 8:
+        res = 0.0
+        for x in a[lo:lo + n]:
+            res += x
+        return res
+    if n <= 128:
+        end = lo + n - n % 8
+        r = []
+        for j in range(8):
+            acc = a[lo + j]
+            for x in a[lo + j + 8:end:8]:
+                acc += x
+            r.append(acc)
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for x in a[end:lo + n]:
+            res += x
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
+
+
+def _percentile(s: list, q: float) -> float:
+    """numpy's default ('linear') percentile ``q`` of the sorted ``s``, in ms from ns."""
+    n = len(s)
+    vi = (n - 1) * (q / 100)
+    lo = math.floor(vi)
+    a = s[lo] / 1e6
+    b = s[min(lo + 1, n - 1)] / 1e6
+    g = vi - lo
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
+
+
 def stats_ms(values_ns) -> dict[str, float]:
-    a = np.asarray(values_ns, dtype=np.float64)
-    if a.size == 0:
+    """Mean and percentiles in ms of values in ns: the numbers ``np.mean`` and
+    ``np.percentile`` give for the values as float64 divided by 1e6, computed without numpy
+    (whose import costs a `llmsim run` more than these few statistics)."""
+    if not isinstance(values_ns, list):
+        values_ns = list(values_ns)
+    ms = [v / 1e6 for v in values_ns]
+    if not ms:
         return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
-    a = a / 1e6
-    pct = np.percentile(a, PERCENTILES)
-    return {"mean": float(a.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)}}
+    mean = (0.0 + _pairwise_sum(ms, 0, len(ms))) / len(ms)
+    # x -> x / 1e6 is monotone, so the values sort as their ms do
+    s = sorted(values_ns)
+    return {"mean": mean, **{f"p{p}": _percentile(s, p) for p in PERCENTILES}}
 
 
 @dataclass

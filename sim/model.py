@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from sim.errors import InputError, unknown_name
 from sim.paths import profiles_root
+from sim.yamlio import load_yaml_files
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
                "fp32": 4, "fp8": 1, "float8": 1, "int8": 1}
@@ -198,9 +197,20 @@ class ModelSpec:
         the spec's quantization) the linear layers take its bytes per weight; embedding,
         lm_head, router and norms keep the model dtype (vLLM leaves them unquantized).
         """
+        layers_per_stage = -(-self.num_hidden_layers // pp)
+        if pp == 1:
+            return self.stage_weight_bytes(tp, layers_per_stage, True, True, ep, quant)
+        # the largest stage: the most layers and one of the vocabulary-sized ends
+        return self.stage_weight_bytes(tp, layers_per_stage, True, False, ep, quant)
+
+    def stage_weight_bytes(self, tp: int, layers: int, embed: bool, head: bool, ep: int = 1,
+                           quant=_UNSET) -> int:
+        """Weight bytes of one NPU of a pipeline stage holding ``layers`` decoder blocks,
+        the embedding (the first stage) and/or the lm_head (the last; it holds its own copy
+        of tied embeddings when the embedding lives on another stage)."""
         h = self.hidden_size
         wb, db = self.weight_dtype_bytes(quant), self.dtype_bytes
-        layers_per_stage = -(-self.num_hidden_layers // pp)
+        layers_per_stage = layers
         attn = self.attention_params() / tp * wb
         if self.is_moe:
             # Experts shard over the EP ranks (whole experts), or over tp when ep is 1.
@@ -209,9 +219,10 @@ class ModelSpec:
         else:
             mlp = self.mlp_params() / tp * wb
         blocks = layers_per_stage * (attn + mlp + 2 * h * db)
-        embed = self.vocab_size * h / tp
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h / tp
-        ends = embed + lm_head if pp == 1 else max(embed, lm_head)
+        vocab = self.vocab_size * h / tp
+        ends = (vocab if embed else 0) + (vocab if head else 0)
+        if embed and head and self.tie_word_embeddings:
+            ends = vocab
         return int(blocks + ends * db)
 
     def kv_bytes_per_token(self, tp: int = 1, pp: int = 1, kv_dtype=_UNSET) -> int:
@@ -332,11 +343,8 @@ def hf_quantization(qcfg: dict | None, source: str) -> str | None:
 @cache
 def _catalogue() -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
-    for f in sorted((profiles_root() / "models").glob("*.yaml")):
-        try:
-            data = yaml.safe_load(f.read_text())
-        except yaml.YAMLError as exc:
-            raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+    files = sorted((profiles_root() / "models").glob("*.yaml"))
+    for f, data in zip(files, load_yaml_files("models", files), strict=True):
         spec = _from_mapping(data or {}, str(f))
         for key in (spec.name, spec.name.split("/")[-1], f.stem, *spec.aliases):
             out[key] = spec

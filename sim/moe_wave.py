@@ -30,8 +30,23 @@ With one DP rank (a single instance whose TP ranks are its EP ranks) there is no
 every TP rank holds all tokens, runs its experts, and the TP all-reduce after the MoE
 layer (part of the instance's iteration graph) combines them.
 
-The collectives are timed by the system backend on the DP group's network (one rank per
-member; memoised by size, as decode steps repeat them).
+With TP > 1 as well as DP > 1 and expert parallelism, vLLM 0.19 runs *sequence-parallel
+MoE* (``use_sequence_parallel_moe``; allgather_reducescatter and DeepEP): each TP rank takes
+its 1/tp slice of the DP rank's tokens into the MoE layer, the exchange runs over the whole
+EP group (dp x tp ranks), and the TP group all-gathers the MoE output instead of
+all-reducing it. With ``naive`` every TP rank exchanges all its tokens over its DP group
+and the TP all-reduce stays.
+
+A DP group *without* expert parallelism (ep_size 1) still gathers every DP rank's tokens
+into each MoE layer (vLLM dispatches whenever dp > 1), but every rank holds every expert,
+its intermediate dimension sharded over all dp x tp ranks (``flatten_tp_across_dp``): each
+rank runs all gathered tokens through all experts on its 1/(dp x tp) shard.
+
+The collectives are timed by the system backend on the group's network as sim.topology
+describes it (the link between the members: the cluster file's GPU-to-GPU values as
+LLMServingSim gives them to ASTRA-Sim, else the catalogue's physical link; the cluster's
+collective algorithm; one rank per member, or per TP rank in sequence-parallel MoE),
+memoised by size, as decode steps repeat them.
 """
 
 from __future__ import annotations
@@ -41,11 +56,14 @@ from math import comb
 
 from astrasim import GraphBuilder
 
+from sim.errors import InputError
 from sim.latency.base import BatchShape
 from sim.options import ALL2ALL_BACKENDS
 
 #: vLLM 0.19's default (its resolved config: parallel_config.all2all_backend)
 DEFAULT_ALL2ALL_BACKEND = ALL2ALL_BACKENDS[0]
+#: backends with which vLLM 0.19 runs sequence-parallel MoE (use_sequence_parallel_moe)
+SP_MOE_BACKENDS = ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency")
 
 #: the step an idle DP rank runs (vLLM's execute_dummy_batch: one token, no sampling)
 DUMMY_SHAPE = BatchShape(num_tokens=1, num_seqs=1, num_decode=1, decode_kv_sum=1,
@@ -132,11 +150,18 @@ def ranks_hit_fraction(num_experts: int, top_k: int, ep: int) -> float:
 class MoEWave:
     """Times lockstep steps of expert-parallel domains (see the module docstring)."""
 
-    def __init__(self, backend, link) -> None:
+    def __init__(self, backend, network, flat_provider=None) -> None:
         self.backend = backend
-        #: link(a, b) -> (GB/s, ns) between two instances' configs
-        self.link = link
+        #: network(member InstanceConfigs, npus) -> the Topology (sim.topology) of an MoE
+        #: exchange among ``npus`` ranks of those instances
+        self.network = network
+        #: flat_provider(instance, tp) -> a latency provider of the instance's model at
+        #: another TP degree (the experts of a DP group without expert parallelism are
+        #: sharded over dp * tp ranks); raises InputError when none covers it
+        self.flat_provider = flat_provider
         self._exchange: dict[tuple, int] = {}
+        self._tp_swap: dict[tuple, int] = {}
+        self._flat: dict[tuple, object] = {}
         #: when a list, every wave's WaveStep is appended (for breakdown reports)
         self.record: list | None = None
 
@@ -157,12 +182,22 @@ class MoEWave:
                 cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
             padded = dp_padded_tokens([s.num_tokens for s in own], cap)
             own = [BatchShape(p, *_fields(s)[1:]) for s, p in zip(own, padded)]
+        sp = sequence_parallel_moe(opts.all2all_backend, dp, lead.tp, lead.config.ep_size)
         parts = [_rank_parts(self.backend, m, s, r) for m, s, r in zip(members, own, real)]
+        if sp:
+            # the MoE output is all-gathered over the TP group instead of all-reduced
+            parts = [(pro, blk + self._tp_swap_ns(m, s.num_tokens), head, attn, tpc)
+                     for (pro, blk, head, attn, tpc), m, s in zip(parts, members, own)]
         layers = model.num_hidden_layers
         total = sum(s.num_tokens for s in own)
-        experts = self._expert_ns(lead, total if dp > 1 else own[0].num_tokens, gate)
-        mine_moe = _member_share(experts, dp)
-        exch = self._exchange_ns(members, [s.num_tokens for s in own]) if dp > 1 else 0
+        if dp > 1 and lead.config.ep_size == 1:
+            mine_moe = [self._flat_expert_ns(lead, dp, total, gate)] * dp
+            experts = mine_moe[:1]
+        else:
+            experts = self._expert_ns(lead.provider, lead, total if dp > 1 else own[0].num_tokens,
+                                      gate)
+            mine_moe = _member_share(experts, dp)
+        exch = self._exchange_ns(members, [s.num_tokens for s in own], sp) if dp > 1 else 0
         # every layer: the slowest rank's attention/dense part, the exchange, the slowest
         # EP rank's experts (the collectives wait for the last to arrive)
         wave = (max(p[0] for p in parts)
@@ -179,45 +214,99 @@ class MoEWave:
             self.record.append(out)
         return out
 
-    def _expert_ns(self, inst, tokens: int, gate) -> list[int]:
+    def _expert_ns(self, prov, inst, tokens: int, gate, ep: int | None = None) -> list[int]:
         """Each EP rank's expert compute for ``tokens`` tokens entering the layer: the gate
         spreads tokens * top_k assignments over the ep ranks; a rank's time is the
         profile's at the tokens that give its assignments and its activated experts."""
         model = inst.model
         k = model.num_experts_per_tok
-        prov = inst.provider
+        ep = inst.config.ep_size if ep is None else ep
         return [prov.moe_ns(-(-assignments // k), max(1, active)) if assignments else 0
-                for assignments, active in gate.assign(tokens, model.num_experts, k,
-                                                       inst.config.ep_size)]
+                for assignments, active in gate.assign(tokens, model.num_experts, k, ep)]
 
-    def _exchange_ns(self, members: list, tokens: list[int]) -> int:
-        """Dispatch + combine of one MoE layer over the DP group, timed by the backend."""
+    def _flat_expert_ns(self, inst, dp: int, tokens: int, gate) -> int:
+        """Expert compute of one rank of a DP group without expert parallelism. vLLM
+        (FusedMoEParallelConfig.make, flatten_tp_across_dp) then shards every expert's
+        intermediate dimension over all dp * tp ranks of the group, and each rank runs the
+        gathered tokens of the whole group through all experts on its shard: the latency
+        data at TP degree dp * tp where there is some, else the instance's own scaled by
+        tp / (dp * tp) (the fused-MoE kernel's weight bytes and FLOPs both scale with the
+        intermediate width)."""
+        flat_tp = dp * inst.tp
+        key = (id(inst.provider), flat_tp)
+        prov = self._flat.get(key, False)
+        if prov is False:
+            prov = None
+            if self.flat_provider is not None:
+                try:
+                    prov = self.flat_provider(inst, flat_tp)
+                except InputError:
+                    prov = None
+            self._flat[key] = prov
+        if prov is not None:
+            return self._expert_ns(prov, inst, tokens, gate, ep=1)[0]
+        full = self._expert_ns(inst.provider, inst, tokens, gate, ep=1)[0]
+        return -(-full * inst.tp // flat_tp)
+
+    def _tp_swap_ns(self, inst, tokens: int) -> int:
+        """Sequence-parallel MoE: one TP all-gather of the rank's 1/tp share of the MoE
+        output in place of the TP all-reduce of the whole output (ns, may be negative)."""
+        key = (id(inst.network), inst.tp, inst.pp, tokens)
+        t = self._tp_swap.get(key)
+        if t is None:
+            row = inst.model.hidden_size * inst.model.dtype_bytes
+            involved = [True] + [False] * (len(inst.network.dims) - 1)
+            ar, ag = {}, {}
+            for r in range(inst.tp):
+                b = GraphBuilder(r)
+                b.all_reduce(tokens * row, involved_dim=involved, name="tp_all_reduce")
+                ar[r] = b.build()
+                b = GraphBuilder(r)
+                b.all_gather(-(-tokens // inst.tp) * row, involved_dim=involved,
+                             name="sp_moe_all_gather")
+                ag[r] = b.build()
+            t = self._tp_swap[key] = (self.backend.run_graphs(inst.network, ag, name="sp_ag")
+                                      - self.backend.run_graphs(inst.network, ar, name="tp_ar"))
+        return t
+
+    def _exchange_ns(self, members: list, tokens: list[int], sp: bool = False) -> int:
+        """Dispatch + combine of one MoE layer over the DP group (over the whole EP group
+        of dp * tp ranks, each with its 1/tp share of its DP rank's tokens, in
+        sequence-parallel MoE), timed by the backend on the group's network."""
         lead = members[0]
         model = lead.model
         kind = lead.opts.all2all_backend
-        dp = len(members)
+        if sp:
+            tokens = [-(-t // lead.tp) for t in tokens for _ in range(lead.tp)]
+        n = len(tokens)
         width = model.dtype_bytes
         hidden = model.hidden_size * width
         logits = model.num_experts * width
-        bw, lat = self.link(members[0].config, members[-1].config)
+        network = self.network([m.config for m in members], n)
         if kind == "allgather_reducescatter":
             # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
             # (sizes are the whole gathered buffer; unequal shares cost the largest one)
-            key = (kind, dp, max(tokens), hidden, logits, bw, lat)
+            key = (kind, n, max(tokens), hidden, logits, network)
         elif kind == "naive":
-            key = (kind, dp, tuple(tokens), hidden, logits, bw, lat)
+            key = (kind, n, tuple(tokens), hidden, logits, network)
         else:
             frac = ranks_hit_fraction(model.num_experts, model.num_experts_per_tok,
                                       lead.config.ep_size)
-            key = (kind, dp, max(tokens), int(hidden * frac), 0, bw, lat)
+            key = (kind, n, max(tokens), int(hidden * frac), 0, network)
         t = self._exchange.get(key)
         if t is None:
-            network = {"topology": ["FullyConnected"], "npus_count": [dp], "bandwidth": [bw],
-                       "latency": [lat]}
-            graphs = exchange_graphs(kind, dp, tokens, hidden, logits, key[3])
+            graphs = exchange_graphs(kind, n, tokens, hidden, logits, key[3])
             t = self._exchange[key] = self.backend.run_graphs(network, graphs,
                                                               name="moe_exchange")
         return t
+
+
+def sequence_parallel_moe(backend: str, dp: int, tp: int, ep: int) -> bool:
+    """vLLM 0.19's ParallelConfig.use_sequence_parallel_moe: with expert parallelism over
+    DP > 1 and TP > 1 and an all-to-all backend that supports it (allgather_reducescatter,
+    DeepEP), each TP rank sends only its 1/tp slice of the tokens through the MoE layer
+    (the exchange runs over the whole EP group) and the TP group all-gathers the output."""
+    return (backend in SP_MOE_BACKENDS and ep > 1 and tp > 1 and dp > 1)
 
 
 def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:

@@ -1,13 +1,23 @@
-"""Simulation options: the vLLM engine knobs plus simulator settings.
+"""Simulation options: the vLLM engine knobs plus simulator settings, each declared once.
 
 Defaults follow vLLM 0.19's engine defaults where they exist (block_size 16, prefix
 caching on, chunked prefill on, max_num_seqs 256) and the validation setup's token budget
 (max_num_batched_tokens 2048). Per-instance values in the cluster config override these.
+
+Every field of :class:`SimOptions` carries its declaration (:class:`Option` in the field's
+metadata): help text, allowed values, scope (``instance``: a cluster file's instance may
+override it) and, where searched, its dse knob (:class:`Knob`). The ``llmsim run`` flags
+(:func:`add_cli_flags`, :func:`options_from_args`), the cluster loader's per-instance keys
+(:data:`INSTANCE_OPTIONS`), dse's knob table (:func:`knob_table`) and the README's option
+reference (``python -m dse.reference``) are generated from it, so adding an
+option the scheduler understands to ``llmsim run`` and to the search touches this file only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any
 
 from sim.errors import InputError
 
@@ -15,76 +25,168 @@ from sim.errors import InputError
 #: vLLM 0.19's default)
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "deepep_high_throughput",
                     "deepep_low_latency")
+#: block sizes vLLM 0.19 accepts (vllm/config/cache.py, ``BlockSize``)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+#: vLLM's default gpu_memory_utilization: a cluster instance's npu_mem.mem_util when absent
+#: (not a SimOptions field: it belongs to the cluster file, and llmsim's
+#: --gpu-memory-utilization overrides it there)
+DEFAULT_MEM_UTIL = 0.9
+
+GLOBAL, INSTANCE = "global", "instance"
+
+
+def _routing_policies() -> list[str]:
+    from sim.router import ROUTING_POLICIES
+
+    return list(ROUTING_POLICIES.names())
+
+
+def _latency_providers() -> list[str]:
+    from sim.latency.base import provider_names
+
+    return provider_names()
+
+
+@dataclass(frozen=True)
+class Knob:
+    """How an option is searched by dse: where it is drawn and which values a space may give.
+
+    ``after``: the knob drawn just before this one (conditions look at earlier knobs); None:
+    right after the option knob declared before it. ``values``: the values a space may
+    search (a tuple or a function returning the names), None: any of the option's type.
+    ``minimum``: the least integer. ``none``: how a space spells the option's None.
+    """
+
+    after: str | None = None
+    values: tuple | Callable[[], list] | None = None
+    minimum: int = 1
+    none: str | None = None
+    #: why a value outside ``values`` is refused (integers): "is not one vLLM accepts"
+    refusal: str = "is not allowed"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option's declaration. ``flag``: the ``llmsim run`` flag ("" derives it from the
+    name, None: no flag); ``choices``: what the flag accepts (checked by argparse);
+    ``cli_type``/``cli_default``/``from_cli``: a flag in other units than the field."""
+
+    help: str
+    scope: str = GLOBAL
+    flag: str | None = ""
+    choices: tuple | Callable[[], list] | None = None
+    knob: Knob | None = None
+    cli_type: type | None = None
+    cli_default: Any = None
+    from_cli: Callable[[Any], Any] | None = None
+    #: accepted values named in the reference where the flag does not check them
+    allowed: str = ""
+
+
+def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING,
+           **meta) -> Any:
+    """A SimOptions field with its declaration."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"option": Option(help=help, **meta)})
 
 
 @dataclass(frozen=True)
 class SimOptions:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    #: 0 = no per-request cap on a prefill chunk (vLLM's default)
-    long_prefill_token_threshold: int = 0
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    #: vLLM's scheduler_reserve_full_isl: admit a waiting request only if its whole
-    #: sequence fits in free KV blocks, not merely its first chunk
-    reserve_full_isl: bool = True
-    #: vLLM's async scheduling (step N+1 is scheduled before step N's outputs are
-    #: processed); None follows the simulated vLLM version (on from 0.14, as in 0.19)
-    async_scheduling: bool | None = None
-    #: the vLLM release whose defaults are simulated where rules changed between releases
-    vllm_version: str = "0.19.0"
-    #: waiting-queue order and preemption victim: "fcfs" or "priority" (vLLM's policy)
-    scheduling_policy: str = "fcfs"
-    #: longest sequence (prompt + output); longer prompts are rejected, outputs stop
-    #: there. None: no limit beyond the KV capacity
-    max_model_len: int | None = None
-    #: lower prefix-cache tier for blocks evicted from the NPU: None, "CPU" or "CXL"
-    prefix_storage: str | None = None
-    #: all instances of a node share one lower-tier pool
-    enable_prefix_sharing: bool = False
-    routing_policy: str = "LOAD"
-    #: run decode attention on the node's PIM devices (cpu_mem.pim_config)
-    enable_attn_offloading: bool = False
-    #: "local": PIM in the node's CPU memory (q/out over the memory bus); "pool": a PIM pool
-    #: reached over the cluster's links
-    pim_mode: str = "local"
-    #: NeuPIMs sub-batch interleaving: two sub-batches overlap NPU work and PIM attention
-    enable_sub_batch_interleaving: bool = False
-    #: MoE expert-gate policy (BALANCED, RR, RAND or a registered one)
-    expert_routing_policy: str = "RAND"
-    #: how MoE layers exchange tokens across a DP group (vLLM's all2all_backend):
-    #: allgather_reducescatter (vLLM 0.19's default), naive, deepep_high_throughput,
-    #: deepep_low_latency
-    all2all_backend: str = "allgather_reducescatter"
-    #: largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to a common
-    #: token count when all of them run a graph. None: vLLM's default, min(2 * max_num_seqs,
-    #: 512); 0: eager mode (no graphs, no DP padding)
-    max_cudagraph_capture_size: int | None = None
-    #: PD disaggregation: how a finished prefill picks its decode instance (LOAD, RR, LEAST_KV)
-    pd_decode_policy: str = "LOAD"
-    seed: int = 0
-    #: weight quantization as vLLM's --quantization: None (the checkpoint's) or "fp8" (W8A8)
-    quantization: str | None = None
-    #: vLLM's --kv-cache-dtype: "auto" (the model dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
-    kv_cache_dtype: str = "auto"
-    #: "auto" (measured bundle, then aiconfigurator's database, then roofline) or a
-    #: registered provider name (sim.latency.base.LATENCY_PROVIDERS)
-    latency_provider: str = "auto"
-    #: extra folders searched for profile bundles (before the project's and ../shared's)
-    profiles_dirs: tuple[str, ...] = ()
-    #: "inproc" (default) or "subprocess" (a long-lived astra-sim process)
-    backend: str = "inproc"
-    astra_sim_bin: str | None = None
-    #: remember the backend's results for repeated iteration parts (LLMServingSim's
-    #: computation reuse); off sends every iteration to the backend
-    computation_reuse: bool = True
-    #: width of the time-series buckets
-    timeseries_interval_ns: int = 1_000_000_000
-    #: stop after this much simulated time (None = run to completion)
-    max_sim_time_ns: int | None = None
-    progress: bool = False
-    extra: dict = field(default_factory=dict)
+    max_num_seqs: int = option(
+        256, "most requests in one step (vLLM's max_num_seqs)", scope=INSTANCE,
+        knob=Knob(after="prefix_sharing"))
+    max_num_batched_tokens: int = option(
+        2048, "token budget of one step (vLLM's max_num_batched_tokens; 0 = no budget, as "
+        "LLMServingSim's decode instances use)", scope=INSTANCE, knob=Knob())
+    long_prefill_token_threshold: int = option(
+        0, "cap on one request's prefill chunk per step (0 = no cap, vLLM's default)",
+        scope=INSTANCE, knob=Knob(minimum=0))
+    block_size: int = option(
+        16, "tokens per KV block", scope=INSTANCE,
+        knob=Knob(values=VLLM_BLOCK_SIZES, refusal="is not one vLLM accepts"))
+    enable_prefix_caching: bool = option(
+        True, "vLLM's automatic prefix caching", scope=INSTANCE, knob=Knob())
+    enable_chunked_prefill: bool = option(
+        True, "split long prompts over steps within the token budget", scope=INSTANCE,
+        knob=Knob())
+    reserve_full_isl: bool = option(
+        True, "vLLM's scheduler_reserve_full_isl admission rule: admit a waiting request only "
+        "if its whole sequence fits in free KV blocks, not merely its first chunk")
+    async_scheduling: bool | None = option(
+        None, "vLLM's async scheduling: step N+1 is scheduled before step N's outputs are "
+        "processed (default: as the simulated --vllm-version, on from 0.14)")
+    vllm_version: str = option(
+        "0.19.0", "vLLM release whose defaults are simulated where rules changed")
+    scheduling_policy: str = option(
+        "fcfs", "waiting order and preemption victim (requests' 'priority' field)",
+        choices=("fcfs", "priority"))
+    max_model_len: int | None = option(
+        None, "longest sequence (prompt + output): longer prompts are rejected, outputs stop "
+        "there (default: no limit beyond the KV capacity)")
+    prefix_storage: str | None = option(
+        None, "keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)",
+        choices=("CPU", "CXL"))
+    enable_prefix_sharing: bool = option(
+        False, "all instances of a node share the lower-tier prefix pool")
+    routing_policy: str = option(
+        "LOAD", "how the router picks an instance for a new request",
+        flag="--request-routing-policy", knob=Knob(values=_routing_policies),
+        allowed="a registered routing policy (sim.router)")
+    enable_attn_offloading: bool = option(
+        False, "run decode attention on the node's PIM devices (cpu_mem.pim_config)")
+    pim_mode: str = option(
+        "local", "local: PIM in the node's CPU memory (q/out over the memory bus); pool: a PIM "
+        "pool reached over the cluster's links", choices=("local", "pool"))
+    enable_sub_batch_interleaving: bool = option(
+        False, "NeuPIMs: overlap two sub-batches' NPU work and PIM attention")
+    expert_routing_policy: str = option(
+        "RAND", "MoE gate policy: BALANCED, RR, RAND or a registered one")
+    all2all_backend: str = option(
+        ALL2ALL_BACKENDS[0], "how MoE layers exchange tokens across a DP group (vLLM's "
+        "all2all_backend; default: vLLM 0.19's allgather_reducescatter)", scope=INSTANCE,
+        choices=ALL2ALL_BACKENDS, knob=Knob(after="dp"))
+    max_cudagraph_capture_size: int | None = option(
+        None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to "
+        "a common token count when all of them run a graph. Default: min(2 * max_num_seqs, "
+        "512); 0: eager mode", flag=None)
+    pd_decode_policy: str = option(
+        "LOAD", "PD disaggregation: how a finished prefill picks its decode instance: LOAD, "
+        "RR or LEAST_KV")
+    seed: int = option(0, "random seed (gate policies, sampled lengths)")
+    quantization: str | None = option(
+        None, "weight quantization as vllm serve: fp8 (W8A8); default: the checkpoint's",
+        scope=INSTANCE, knob=Knob(after="collective_algorithm", values=("none", "fp8"),
+                                  none="none"), allowed="fp8")
+    kv_cache_dtype: str = option(
+        "auto", "KV-cache dtype as vllm serve: auto (the model dtype), fp8, fp8_e4m3, "
+        "fp8_e5m2, bfloat16", scope=INSTANCE, knob=Knob(values=("auto", "fp8")))
+    latency_provider: str = option(
+        "auto", "auto (measured bundle, then aiconfigurator's database, then roofline) or a "
+        "registered provider", choices=_latency_providers,
+        allowed="auto or a name in sim.latency's registry")
+    profiles_dirs: tuple[str, ...] = option(
+        (), "extra folder of profile bundles (<HW>/<org>/<model>/<variant>/), searched before "
+        "the project's and ../shared's; repeatable", flag="--profiles", cli_default=[],
+        from_cli=tuple)
+    backend: str = option(
+        "inproc", "system backend: in-process ASTRA-Sim or a long-lived astra-sim process",
+        choices=("inproc", "subprocess"))
+    astra_sim_bin: str | None = option(None, "astra-sim executable for --backend subprocess")
+    computation_reuse: bool = option(
+        True, "reuse the backend's results for identical iteration parts (LLMServingSim's "
+        "computation reuse; off simulates every one anew: same output, slower)")
+    event_leaping: bool = option(
+        True, "advance stretches of pure-decode steps in one computation (sim.leap); off "
+        "steps every iteration (the reference: same output, slower)")
+    timeseries_interval_ns: int = option(
+        1_000_000_000, "width of the time-series buckets", flag="--timeseries-interval-s",
+        cli_type=float, cli_default=1.0, from_cli=lambda s: int(s * 1e9))
+    max_sim_time_ns: int | None = option(
+        None, "stop after this much simulated time (default: run to completion)", flag=None)
+    progress: bool = option(False, "a progress line on stderr", flag=None)
+    extra: dict = option(help="free-form settings for experiments", default_factory=dict,
+                         flag=None)
 
     @property
     def async_enabled(self) -> bool:
@@ -158,8 +260,138 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))
 
 
-#: block sizes vLLM 0.19 accepts (vllm/config/cache.py, ``BlockSize``)
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# ---------------------------------------------------------------- what the declarations give
+def declarations() -> list[tuple[str, str, Any, Option]]:
+    """(name, value type, default, declaration) of every option, in declaration order.
+    The value type is the field's annotation without ``| None`` (int, bool, str, ...)."""
+    out = []
+    for f in fields(SimOptions):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        kind = str(f.type).split(" | ")[0].split("[")[0]
+        out.append((f.name, kind, default, f.metadata["option"]))
+    return out
+
+
+def _resolve(values) -> list | None:
+    return list(values()) if callable(values) else (list(values) if values is not None else None)
+
+
+#: options a cluster file's instance may set for itself (LLMServingSim's per-instance fields)
+INSTANCE_OPTIONS = tuple(name for name, _, _, o in declarations() if o.scope == INSTANCE)
+
+
+def check_instance_value(name: str, value: Any, source: str) -> None:
+    """An instance's override of a declared option with fixed choices: one of them."""
+    choices = next(o.choices for n, _, _, o in declarations() if n == name)
+    if choices is not None and not callable(choices) and value not in choices:
+        raise InputError(f"field {name!r} must be one of {', '.join(choices)}, got {value!r}",
+                         source=source)
+
+
+def flag_of(name: str, opt: Option) -> str | None:
+    return None if opt.flag is None else (opt.flag or "--" + name.replace("_", "-"))
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def add_cli_flags(parser, names: tuple[str, ...] | None = None,
+                  aliases: dict[str, str] | None = None) -> None:
+    """One ``llmsim run`` flag per option with a flag, as its declaration says (``names``:
+    only these options; ``aliases``: option -> an extra short flag)."""
+    import argparse
+
+    for name, kind, default, opt in declarations():
+        flag = flag_of(name, opt)
+        if flag is None or (names is not None and name not in names):
+            continue
+        kw: dict[str, Any] = {"help": opt.help}
+        if kind == "bool":
+            if default is False:
+                kw["action"] = "store_true"
+            else:
+                kw.update(action=argparse.BooleanOptionalAction, default=default)
+        elif kind == "tuple":
+            kw.update(action="append", default=list(opt.cli_default))
+        else:
+            kw["default"] = default if opt.cli_default is None else opt.cli_default
+            if kind != "str" or opt.cli_type is not None:
+                kw["type"] = opt.cli_type or {"int": int, "float": float}[kind]
+            if opt.choices is not None:
+                kw["choices"] = _resolve(opt.choices)
+        parser.add_argument(flag, *([aliases[name]] if aliases and name in aliases else []),
+                            **kw)
+
+
+def options_from_args(args, **extra) -> SimOptions:
+    """The SimOptions the flags of :func:`add_cli_flags` name; ``extra`` sets the rest."""
+    kw = {}
+    for name, _, _, opt in declarations():
+        flag = flag_of(name, opt)
+        if flag is None:
+            continue
+        value = getattr(args, _dest(flag))
+        kw[name] = opt.from_cli(value) if opt.from_cli else value
+    return SimOptions(**kw, **extra)
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """A dse knob of an option: its type, default as a space spells it, allowed values,
+    least integer, the knob it is drawn after."""
+
+    name: str
+    kind: str  # "int" | "bool" | "str"
+    default: Any
+    values: list | None
+    minimum: int
+    after: str
+    none: str | None
+    refusal: str
+
+    def to_option(self, value: Any) -> Any:
+        """The SimOptions value of a knob value ("none" -> None where so declared)."""
+        return None if self.none is not None and value == self.none else value
+
+
+def knob_table() -> list[KnobSpec]:
+    """Every option searched by dse, in declaration order (values resolved now)."""
+    out, prev = [], None
+    for name, kind, default, opt in declarations():
+        k = opt.knob
+        if k is None:
+            continue
+        values = _resolve(k.values)
+        if values is None and opt.choices is not None:
+            values = _resolve(opt.choices)
+        space_default = k.none if default is None and k.none is not None else default
+        out.append(KnobSpec(name, kind, space_default, values, k.minimum, k.after or prev,
+                            k.none, k.refusal))
+        prev = name
+    return out
+
+
+def markdown_reference() -> str:
+    """The README's option table: one row per option."""
+    rows = ["| option | `llmsim run` flag | scope | dse knob | default | allowed | meaning |",
+            "|---|---|---|---|---|---|---|"]
+    for name, kind, default, opt in declarations():
+        flag = flag_of(name, opt)
+        if kind == "bool" and flag and default is not False:
+            flag = f"{flag} / --no-{flag[2:]}"
+        allowed = opt.allowed
+        if not allowed and isinstance(opt.choices, tuple):  # a registry: named in `allowed`
+            allowed = ", ".join(map(str, opt.choices))
+        if opt.knob is not None and isinstance(opt.knob.values, tuple):
+            knob = "yes: " + ", ".join(map(str, opt.knob.values))
+        else:
+            knob = "yes" if opt.knob is not None else ""
+        cells = [f"`{name}`", f"`{flag}`" if flag else "", opt.scope if opt.scope == INSTANCE
+                 else "", knob, f"`{default!r}`", allowed, opt.help.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
 
 
 def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> str | None:
@@ -178,3 +410,4 @@ def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int
         return (f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({max_num_seqs}), as vLLM requires")
     return None
+

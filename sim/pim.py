@@ -178,16 +178,15 @@ def load_pim(name_or_path: str, source: str | None = None) -> PimDevice:
 class PimAttention:
     """Decode attention of one instance offloaded to its node's PIM devices."""
 
-    def __init__(self, device: PimDevice, num_devices: int, model, tp: int,
-                 link_bw_GBps: float, link_latency_ns: float) -> None:
+    def __init__(self, device: PimDevice, num_devices: int, model, tp: int, link) -> None:
         self.device = device
         self.channels = max(1, device.channels * num_devices)
         self.model = model
         self.tp = tp
         self.kv_bytes_per_token_layer = 2 * model.num_key_value_heads * model.head_dim * \
             model.kv_dtype_bytes()
-        self.link_bytes_per_ns = link_bw_GBps * (1 << 30) / 1e9
-        self.link_latency_ns = link_latency_ns
+        #: the NPU-PIM link (a sim.topology.Link) the queries and outputs cross
+        self.link = link
 
     @property
     def capacity_GiB(self) -> float:
@@ -208,6 +207,3 @@ class PimAttention:
         """Bytes of the decode queries sent to PIM (and of the outputs sent back)."""
         return num_decode * self.model.q_size * self.model.dtype_bytes
 
-    @property
-    def link_bw_GBps(self) -> float:
-        return self.link_bytes_per_ns * 1e9 / (1 << 30)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from sim.errors import InputError
 from sim.request import Request
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -68,7 +70,10 @@ def _int_field(obj: dict, key: str, where: str, *, required: bool = True, defaul
     return int(v)
 
 
-def _ids(obj: dict, key: str, n: int, where: str) -> list[int] | None:
+def _ids(obj: dict, key: str, n: int, where: str, may_hold_bools: bool = True) -> list[int] | None:
+    """The token-id list ``obj[key]`` (None when absent), checked: ``n`` ints in [0, 2**63).
+    ``may_hold_bools`` False (the line's text has no ``true``/``false``) skips the
+    per-element type check, which only bools (ints to ``array``) would need."""
     ids = obj.get(key)
     if ids is None:
         return None
@@ -77,13 +82,22 @@ def _ids(obj: dict, key: str, n: int, where: str) -> list[int] | None:
     if len(ids) != n:
         raise InputError(f"field {key!r} has {len(ids)} ids but the count field says {n}",
                          source=where)
-    if not all(type(t) is int and 0 <= t <= _MAX_INT for t in ids):
+    try:
+        # in C: every id an int (or a bool) in [0, 2**63): signed and unsigned 64-bit
+        array("q", ids)
+        array("Q", ids)
+        ok = True
+    except (TypeError, OverflowError):
+        ok = False
+    if ok and may_hold_bools:
+        ok = all(type(t) is int for t in ids)
+    if not ok:
         raise InputError(f"field {key!r} must hold integer token ids >= 0", source=where)
     return ids
 
 
 def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=None,
-                  sub_index=0) -> Request:
+                  sub_index=0, may_hold_bools: bool = True) -> Request:
     n_in = _int_field(obj, "input_toks", where)
     n_out = _int_field(obj, "output_toks", where)
     if n_in < 1:
@@ -91,8 +105,8 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
     if n_out < 1:
         raise InputError("field 'output_toks' must be >= 1", source=where)
     req = Request(rid, arrival_ns, n_in, n_out,
-                  input_ids=_ids(obj, "input_tok_ids", n_in, where),
-                  output_ids=_ids(obj, "output_tok_ids", n_out, where),
+                  input_ids=_ids(obj, "input_tok_ids", n_in, where, may_hold_bools),
+                  output_ids=_ids(obj, "output_tok_ids", n_out, where, may_hold_bools),
                   session_id=session_id, sub_index=sub_index,
                   tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
     # vLLM's request priority (lower runs first) for --scheduling-policy priority.
@@ -125,6 +139,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
             raise InputError("malformed JSON (nested too deeply)", source=where) from None
         if not isinstance(obj, dict):
             raise InputError("each line must be a JSON object", source=where)
+        bools = "true" in line or "false" in line
         arrival = _int_field(obj, "arrival_time_ns", where, required=False)
         if "sub_requests" in obj:
             subs = obj["sub_requests"]
@@ -136,7 +151,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
                 sw = f"{where}: sub_requests[{k}]"
                 if not isinstance(sub, dict):
                     raise InputError("must be an object", source=sw)
-                req = _make_request(sub, rid, arrival if k == 0 else -1, sw, sid, k)
+                req = _make_request(sub, rid, arrival if k == 0 else -1, sw, sid, k, bools)
                 rid += 1
                 if prev is None:
                     requests.append(req)
@@ -144,7 +159,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
                     prev.next_sub = req
                 prev = req
         else:
-            requests.append(_make_request(obj, rid, arrival, where))
+            requests.append(_make_request(obj, rid, arrival, where, may_hold_bools=bools))
             rid += 1
     if not requests:
         raise InputError("workload has no requests", source=source)
@@ -181,6 +196,8 @@ class LengthDist:
     path: str | None = None
 
     def sample(self, rng: np.random.Generator, n: int, which: str) -> np.ndarray:
+        import numpy as np
+
         if self.kind == "fixed":
             return np.full(n, self.value, dtype=np.int64)
         if self.kind == "uniform":
@@ -220,6 +237,8 @@ class WorkloadSpec:
 def generate(spec: WorkloadSpec) -> Workload:
     if spec.num_requests < 1:
         raise InputError(f"num_requests must be >= 1, got {spec.num_requests}")
+    import numpy as np  # generators only: a replay of a JSONL file does not import it
+
     rng = np.random.default_rng(spec.seed)
     n = spec.num_requests
     if spec.concurrency > 0:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import sim
 from sim_testkit import make_bundle, opts_for
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _llmsim_cache_dir(tmp_path_factory):
+    """The on-disk cache (sim.cache) in a folder of the test session, not the user's."""
+    old = os.environ.get("LLMSIM_CACHE_DIR")
+    os.environ["LLMSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("llmsim-cache"))
+    yield
+    if old is None:
+        os.environ.pop("LLMSIM_CACHE_DIR", None)
+    else:
+        os.environ["LLMSIM_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

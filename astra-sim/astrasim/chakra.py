@@ -7,26 +7,23 @@ a private descriptor pool, and message classes are obtained with
 
 Exports the message classes ``GlobalMetadata``, ``Node``, ``AttributeProto``, ``IOInfo``,
 ``Tensor`` and the list types (``BoolList``, ``Int64List``...), plus the enum values as
-plain ints in ``NodeType`` / ``CollectiveCommType``.
+plain ints in ``NodeType`` / ``CollectiveCommType``. The enums need nothing else; protobuf
+is imported, and the descriptor pool and message classes built, the first time one of the
+protobuf names is read (a simulation that never writes or reads a .et file never pays for
+it).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
+from typing import TYPE_CHECKING
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+if TYPE_CHECKING:
+    from google.protobuf import descriptor_pb2
 
 PACKAGE = "ChakraProtoMsg"
 FILE_NAME = "astrasim/chakra.proto"
-
-_F = descriptor_pb2.FieldDescriptorProto
-_T = {
-    "double": _F.TYPE_DOUBLE, "float": _F.TYPE_FLOAT, "int32": _F.TYPE_INT32,
-    "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64,
-    "sint32": _F.TYPE_SINT32, "sint64": _F.TYPE_SINT64, "fixed32": _F.TYPE_FIXED32,
-    "fixed64": _F.TYPE_FIXED64, "sfixed32": _F.TYPE_SFIXED32, "sfixed64": _F.TYPE_SFIXED64,
-    "bool": _F.TYPE_BOOL, "string": _F.TYPE_STRING, "bytes": _F.TYPE_BYTES,
-}
 # scalar kinds in AttributeProto's oneof, in field-number order (val = 2k+3, list = 2k+4)
 _ATTR_KINDS = ["double", "float", "int32", "int64", "uint32", "uint64", "sint32", "sint64",
                "fixed32", "fixed64", "sfixed32", "sfixed64", "bool", "string", "bytes"]
@@ -60,9 +57,12 @@ class CollectiveCommType(enum.IntEnum):
     BARRIER = 9
 
 
-def _field(msg, name, number, ftype, *, label=_F.LABEL_OPTIONAL, type_name=None,
-           oneof_index=None):
+def _field(msg, name, number, ftype, *, label=None, type_name=None, oneof_index=None):
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as _F
+
     f = msg.field.add()
+    if label is None:
+        label = _F.LABEL_OPTIONAL
     f.name = name
     f.number = number
     f.label = label
@@ -77,6 +77,16 @@ def _field(msg, name, number, ftype, *, label=_F.LABEL_OPTIONAL, type_name=None,
 
 def build_file_descriptor_proto() -> descriptor_pb2.FileDescriptorProto:
     """The Chakra ET schema as a FileDescriptorProto (proto3, package ChakraProtoMsg)."""
+    from google.protobuf import descriptor_pb2
+
+    _F = descriptor_pb2.FieldDescriptorProto
+    _T = {
+        "double": _F.TYPE_DOUBLE, "float": _F.TYPE_FLOAT, "int32": _F.TYPE_INT32,
+        "int64": _F.TYPE_INT64, "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64,
+        "sint32": _F.TYPE_SINT32, "sint64": _F.TYPE_SINT64, "fixed32": _F.TYPE_FIXED32,
+        "fixed64": _F.TYPE_FIXED64, "sfixed32": _F.TYPE_SFIXED32, "sfixed64": _F.TYPE_SFIXED64,
+        "bool": _F.TYPE_BOOL, "string": _F.TYPE_STRING, "bytes": _F.TYPE_BYTES,
+    }
     fd = descriptor_pb2.FileDescriptorProto()
     fd.name = FILE_NAME
     fd.package = PACKAGE
@@ -139,43 +149,46 @@ def build_file_descriptor_proto() -> descriptor_pb2.FileDescriptorProto:
     return fd
 
 
-POOL = descriptor_pool.DescriptorPool()
-POOL.AddSerializedFile(build_file_descriptor_proto().SerializeToString())
-FILE_DESCRIPTOR = POOL.FindFileByName(FILE_NAME)
+def _build_protobuf() -> dict:
+    """The descriptor pool, file descriptor and message classes, by module attribute name."""
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(build_file_descriptor_proto().SerializeToString())
+
+    def cls(name: str):
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+    lists = {kind: cls(_list_name(kind)) for kind in _ATTR_KINDS}
+    return {
+        "POOL": pool, "FILE_DESCRIPTOR": pool.FindFileByName(FILE_NAME),
+        "AttributeProto": cls("AttributeProto"), "GlobalMetadata": cls("GlobalMetadata"),
+        "Node": cls("Node"), "IOInfo": cls("IOInfo"), "Tensor": cls("Tensor"),
+        "LIST_CLASSES": lists, "BoolList": lists["bool"], "Int64List": lists["int64"],
+        "Uint64List": lists["uint64"], "Int32List": lists["int32"],
+        "DoubleList": lists["double"], "StringList": lists["string"],
+    }
 
 
-def _cls(name: str):
-    return message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+_PROTOBUF_NAMES = (
+    "POOL", "FILE_DESCRIPTOR", "AttributeProto", "GlobalMetadata", "Node", "IOInfo", "Tensor",
+    "LIST_CLASSES", "BoolList", "Int64List", "Uint64List", "Int32List", "DoubleList",
+    "StringList")
 
 
-AttributeProto = _cls("AttributeProto")
-GlobalMetadata = _cls("GlobalMetadata")
-Node = _cls("Node")
-IOInfo = _cls("IOInfo")
-Tensor = _cls("Tensor")
-LIST_CLASSES = {kind: _cls(_list_name(kind)) for kind in _ATTR_KINDS}
-BoolList = LIST_CLASSES["bool"]
-Int64List = LIST_CLASSES["int64"]
-Uint64List = LIST_CLASSES["uint64"]
-Int32List = LIST_CLASSES["int32"]
-DoubleList = LIST_CLASSES["double"]
-StringList = LIST_CLASSES["string"]
+_BUILD_LOCK = threading.Lock()
 
-__all__ = [
-    "LIST_CLASSES",
-    "POOL",
-    "AttributeProto",
-    "BoolList",
-    "CollectiveCommType",
-    "DoubleList",
-    "GlobalMetadata",
-    "IOInfo",
-    "Int32List",
-    "Int64List",
-    "Node",
-    "NodeType",
-    "StringList",
-    "Tensor",
-    "Uint64List",
-    "build_file_descriptor_proto",
-]
+
+def __getattr__(name: str):
+    """Build the protobuf side on first use of one of its names (PEP 562); afterwards they
+    are plain module attributes."""
+    if name in _PROTOBUF_NAMES:
+        with _BUILD_LOCK:
+            if "POOL" not in globals():
+                globals().update(_build_protobuf())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# the protobuf names are built on first use (``__getattr__`` above)
+__all__ = ["CollectiveCommType", "NodeType", "build_file_descriptor_proto", *_PROTOBUF_NAMES]

@@ -41,8 +41,6 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
-import numpy as np
-
 from sim.errors import InputError, unknown_name
 from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
@@ -298,6 +296,8 @@ class AicProvider(LatencyProvider):
         return None
 
     def _build_tables(self, max_tokens: int, max_seqs: int) -> None:
+        import numpy as np
+
         ctx = self._ctx_ops
         self._token_ops: list[tuple[int, str, float]] = []
         for i, (name, scale, comm) in enumerate(ctx):
@@ -408,6 +408,8 @@ class AicProvider(LatencyProvider):
         tokens = max(1, tokens)
         if tokens > self._moe_grid[-1]:
             self._note("moe_tokens")
+        import numpy as np
+
         v = float(np.interp(tokens, self._moe_grid, self._moe_vals))
         if tokens > self._moe_grid[-1]:
             g, mv = self._moe_grid, self._moe_vals

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from sim.errors import InputError
 from sim.registry import Registry
@@ -73,6 +73,17 @@ class LayerTimes:
         return pro + self.num_blocks * blk + hd
 
 
+@dataclass(slots=True)
+class DecodeStretch:
+    """Iteration times of a stretch of pure-decode steps, computed at once (event leaping):
+    ``durations[j]`` is ``iteration_ns`` of step ``j``; ``record(k)`` books what the
+    first ``k`` steps would have booked step by step (off-grid lookups), since only the
+    steps a leap takes count."""
+
+    durations: list[int]
+    record: Callable[[int], None]
+
+
 class LatencyProvider(ABC):
     """Per-layer latency for one (hardware, model, tp): the contract the engine calls.
 
@@ -102,6 +113,12 @@ class LatencyProvider(ABC):
     def iteration_ns(self, shape: BatchShape) -> int:
         """Whole-iteration compute time on one NPU (providers may pre-sum it faster)."""
         return self.layer_times(shape).total_ns()
+
+    def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
+        """``iteration_ns`` of ``steps`` pure-decode steps, the first of ``shape``, each
+        reading one more KV token per request (sum + num_decode, max + 1, min + 1); None
+        where the provider has nothing faster than calling ``iteration_ns`` per step."""
+        return None
 
     def moe_ns(self, tokens: int, activated_experts: int) -> int:
         """One MoE layer on one rank: ``tokens`` routed to ``activated_experts`` experts."""

@@ -5,6 +5,11 @@ dense.csv (layer,tokens,time_us), per_sequence.csv (layer,sequences,time_us),
 attention.csv (prefill_chunk,kv_prefill,n_decode,kv_decode,time_us), moe.csv
 (tokens,activated_experts,time_us) and optionally skew_fit.csv.
 
+The tables below are built from the CSVs once per bundle, tp and table size, and kept in
+the on-disk cache (``sim.cache``, keyed by the files' paths, sizes and times and by this
+module's own): a later run with the same inputs loads them instead of parsing the CSVs,
+with identical results, and without importing numpy or PyYAML.
+
 Lookup rules (all tables are built once, at construction):
 - dense / per-sequence: 1-D linear interpolation over tokens / sequences; the whole
   block's dense layers are pre-summed into one array indexed by token count, so a
@@ -26,17 +31,24 @@ from __future__ import annotations
 
 import bisect
 import csv
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
-import numpy as np
-import yaml
-
+from sim.cache import cached
 from sim.errors import InputError
-from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
+from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
+                              LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
+from sim.yamlio import safe_load
 
 VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
+#: provider attributes :meth:`MeasuredProvider._build` makes that are plain data as they are
+#: (the grid axes and slices are converted; see ``_build`` and ``_set_state``)
+_STATE = ("meta", "_seq", "_dense_slope", "_seq_slope", "_dense_max", "_seq_max",
+          "_max_tokens", "_max_seqs", "_grid_tokens", "_grid_seqs", "_dense_total",
+          "_seq_total", "_attn_path", "_skew", "_moe")
 
 
 def bundle_search_dirs(extra: tuple[str, ...] | list[str] = ()) -> list[Path]:
@@ -122,9 +134,11 @@ def work_slope(keys, vals) -> float:
     return max(upper_slope(keys, vals), per_unit)
 
 
-def _interp_table(keys: list[int], vals: list[float], upto: int) -> tuple[np.ndarray, float]:
+def _interp_table(keys: list[int], vals: list[float], upto: int):
     """Values at 0..upto by linear interpolation, clamped below the grid, and above it the
-    top point plus :func:`work_slope` per unit; returns the table and that slope."""
+    top point plus :func:`work_slope` per unit; returns the table (an array) and that slope."""
+    import numpy as np
+
     k = np.asarray(keys, dtype=np.float64)
     v = np.asarray(vals, dtype=np.float64)
     x = np.arange(upto + 1, dtype=np.float64)
@@ -133,6 +147,19 @@ def _interp_table(keys: list[int], vals: list[float], upto: int) -> tuple[np.nda
     hi = x > k[-1]
     out[hi] = v[-1] + slope * (x[hi] - k[-1])
     return out, slope
+
+
+class _PackedTables(dict):
+    """Per-layer tables kept as packed doubles, each unpacked into a list (for fast scalar
+    indexing) the first time it is read; ``packed`` maps every layer name to its bytes."""
+
+    def __init__(self, packed: dict[str, bytes]) -> None:
+        super().__init__()
+        self.packed = packed
+
+    def __missing__(self, name: str) -> list[float]:
+        table = self[name] = array("d", self.packed[name]).tolist()
+        return table
 
 
 class _Axis:
@@ -177,22 +204,68 @@ class MeasuredProvider(LatencyProvider):
                              "roofline, or profile one with `llmsim profile`")
         self.root = Path(root)
         self.source = str(self.root)
-        meta_path = self.root / "meta.yaml"
-        try:
-            self.meta = yaml.safe_load(meta_path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
         tp_dir = self.root / f"tp{tp}"
         if not tp_dir.is_dir():
             have = sorted(p.name for p in self.root.glob("tp*"))
             raise InputError(f"bundle has no tp{tp} folder (has: {have})", source=str(self.root))
         self._extrap: dict[str, int] = {}
-        self._build_dense(tp_dir, max_tokens, max_seqs)
-        self._build_attention(tp_dir / "attention.csv")
-        self._moe = self._build_moe(tp_dir) if model.is_moe else None
-        self._skew = self._build_skew(tp)
+        params = (tp, max_tokens, max_seqs, model.architecture, model.block_sequence,
+                  model.num_hidden_layers, model.is_moe, PROLOGUE, HEAD_DENSE, HEAD_PER_SEQUENCE)
+        self._set_state(cached("measured-bundle", self._sources(tp_dir),
+                               lambda: self._build(tp_dir, max_tokens, max_seqs), params))
 
     # ------------------------------------------------------------------ construction
+    def _sources(self, tp_dir: Path) -> list[Path]:
+        """Every file the tables are built from (and this module, whose code builds them):
+        what the bundle cache's key covers. meta.yaml's skew-fit tables are named relative
+        to the variant folder (``tp<N>/skew_fit.csv``): the CSVs of that folder and of the
+        tp folder cover them."""
+        files = [Path(__file__), self.root / "meta.yaml", *sorted(self.root.glob("*.csv")),
+                 *sorted(tp_dir.glob("*.csv"))]
+        if self.model.is_moe and not (tp_dir / "moe.csv").is_file():
+            files.append(self.root / "tp1" / "moe.csv")
+        return [f for f in files if f.is_file()]
+
+    def _build(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> dict:
+        """Parse the bundle and build every lookup table; returns them as plain data
+        (what the bundle cache stores, see :meth:`_set_state`)."""
+        import yaml
+
+        meta_path = self.root / "meta.yaml"
+        try:
+            self.meta = safe_load(meta_path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
+        self._build_dense(tp_dir, max_tokens, max_seqs)
+        self._build_attention(tp_dir / "attention.csv")
+        self._moe = self._build_moe(tp_dir) if self.model.is_moe else None
+        self._skew = self._build_skew(self.tp)
+        state = {name: getattr(self, name) for name in _STATE}
+        # the per-layer tables as packed doubles: only the multi-NPU path reads them
+        state["_dense"] = {name: array("d", t).tobytes() for name, t in self._dense.items()}
+        state["_pc_axis"] = self._pc_axis.vals
+        state["_nd_axis"] = self._nd_axis.vals
+        state["_attn"] = {key: (kp_axis.vals, [(kd.vals, vals, slope) for kd, vals, slope in rows])
+                          for key, (kp_axis, rows) in self._attn.items()}
+        if self._moe is not None:
+            ae_axis, rows = self._moe
+            state["_moe"] = (ae_axis.vals, [(t.vals, vals, slope) for t, vals, slope in rows])
+        return state
+
+    def _set_state(self, state: dict) -> None:
+        """Install the tables :meth:`_build` returned (fresh or from the cache)."""
+        for name in _STATE:
+            setattr(self, name, state[name])
+        self._dense = _PackedTables(state["_dense"])
+        self._pc_axis = _Axis(state["_pc_axis"])
+        self._nd_axis = _Axis(state["_nd_axis"])
+        self._attn = {tuple(key): (_Axis(kp), [(_Axis(kd), vals, slope) for kd, vals, slope in rows])
+                      for key, (kp, rows) in state["_attn"].items()}
+        self._attn_pairs = list(self._attn)
+        if state["_moe"] is not None:
+            ae, rows = state["_moe"]
+            self._moe = (_Axis(ae), [(_Axis(t), vals, slope) for t, vals, slope in rows])
+
     def _build_dense(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> None:
         dense_path = tp_dir / "dense.csv"
         rows = _read_csv(dense_path, ("layer", "tokens", "time_us"))
@@ -216,7 +289,9 @@ class MeasuredProvider(LatencyProvider):
                 raise InputError(f"missing layer {name!r}; has {sorted(by_seq)}",
                                  source=str(seq_path))
 
-        def table(d: dict[int, float], upto: int) -> tuple[np.ndarray, float]:
+        import numpy as np
+
+        def table(d: dict[int, float], upto: int):
             ks = sorted(d)
             return _interp_table(ks, [d[k] for k in ks], upto)
 
@@ -238,7 +313,7 @@ class MeasuredProvider(LatencyProvider):
         self._grid_seqs = min(self._seq_max.values())
         # Whole-iteration sums for the single-NPU fast path, of the same per-layer integer
         # nanoseconds layer_times reports, so iteration_ns == layer_times(...).total_ns().
-        def ints(name: str, table: dict) -> np.ndarray:
+        def ints(name: str, table: dict):
             return np.maximum(1, np.asarray(table[name]).astype(np.int64))
 
         n_blocks = self.model.num_hidden_layers
@@ -270,7 +345,7 @@ class MeasuredProvider(LatencyProvider):
                 rows_.append((kd_axis, vals, upper_slope(kd_axis.vals, vals)))
             self._attn[key] = (kp_axis, rows_)
         self._attn_pairs = list(self._attn)
-        self._attn_path = path
+        self._attn_path = str(path)
 
     def _build_skew(self, tp: int):
         """The bundle's skew fit, when meta.yaml enables one for this tp: a per-bucket alpha
@@ -513,6 +588,108 @@ class MeasuredProvider(LatencyProvider):
 
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
+
+    # ------------------------------------------------------------------ decode stretches
+    def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
+        """``iteration_ns`` of a stretch of decode steps: the step's prefill chunk, prefill
+        KV and decode count are fixed, so the lookups along the decode-count and chunk
+        axes are made once and only the decode-KV lines are read per step (with the same
+        float operations as the scalar path, so every value is identical)."""
+        nd = shape.num_decode
+        if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
+                or self._moe is not None or nd >= len(self._dense_total)
+                or nd >= len(self._seq_total)):
+            return None
+        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
+        plo, phi, _, pex = self._pc_axis.bracket(0)
+        if nex or pex or plo != phi:
+            return None
+        pc = self._pc_axis.vals[plo]
+        kd0 = shape.decode_kv_sum // nd
+        kv_notes = [0] * steps
+        attn = self._over_nd_many(pc, nlo, nhi, nt, range(kd0, kd0 + steps), kv_notes)
+        if attn is None:
+            return None
+        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd0:
+            kv_max = range(shape.decode_kv_max, shape.decode_kv_max + steps)
+            max_notes = [0] * steps
+            t_max = self._over_nd_many(pc, nlo, nhi, nt, kv_max, max_notes)
+            if t_max is None:
+                return None
+            for j, alpha in enumerate(self._skew_alpha_many(shape, kd0, steps)):
+                if alpha != 0.0:  # the scalar path reads t_max only then
+                    kv_notes[j] += max_notes[j]
+                    tm, tx = attn[j], t_max[j]
+                    attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
+        base = self._dense_total[nd] + self._seq_total[nd]
+        layers = self.model.num_hidden_layers
+        grid_notes = [axis for axis, off in (("tokens", nd > self._grid_tokens),
+                                             ("sequences", nd > self._grid_seqs)) if off]
+        kv_booked = list(accumulate(kv_notes))
+
+        def record(k: int) -> None:
+            if k <= 0:
+                return
+            for axis in grid_notes:
+                self._extrap[axis] = self._extrap.get(axis, 0) + k
+            if kv_booked[k - 1]:
+                self._extrap["kv_decode"] = self._extrap.get("kv_decode", 0) + kv_booked[k - 1]
+
+        return DecodeStretch([base + max(1, int(a)) * layers for a in attn], record)
+
+    def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kds: range,
+                      notes: list[int]) -> list[float] | None:
+        """``_over_nd`` (decode count inside the grid, no prefill KV) at many decode KVs."""
+        nds = self._nd_axis.vals
+        c0 = self._slice_many(pc, nds[nlo], kds, notes)
+        if nhi == nlo or c0 is None:
+            return c0
+        c1 = self._slice_many(pc, nds[nhi], kds, notes)
+        return None if c1 is None else [a + nt * (b - a) for a, b in zip(c0, c1)]
+
+    def _slice_many(self, pc: int, nd: int, kds: range, notes: list[int]) -> list[float] | None:
+        """``_slice`` at prefill KV 0 at many decode KVs (``notes`` counts off-grid ones)."""
+        s = self._attn.get((pc, nd))
+        if s is None:
+            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
+            s = self._attn[(pc, nd)]
+        kp_axis, rows = s
+        lo, hi, t, ex = kp_axis.bracket(0)
+        if ex:
+            return None
+        line = self._line
+        kd_axis, vals, slope = rows[lo]
+        top = kd_axis.vals[-1]
+        if kds[-1] > top:
+            for j, q in enumerate(kds):
+                if q > top:
+                    notes[j] += 1
+        v_lo = [line(kd_axis, vals, q, slope) for q in kds]
+        if lo == hi:
+            return v_lo
+        kd_axis, vals, slope = rows[hi]
+        return [a + t * (line(kd_axis, vals, q, slope) - a) for a, q in zip(v_lo, kds)]
+
+    def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, steps: int) -> list[float]:
+        """``_skew_alpha`` along a stretch: every bucket but the longest KV's is fixed
+        (the skew rate keeps its value as mean, min and max all grow by one)."""
+        ax = self._skew["axes"]
+        bins, labels = ax["kv_big_bins"], ax["kv_big_labels"]
+        by_label: dict[str, float] = {}
+        out = []
+        for j in range(steps):
+            kv_max = shape.decode_kv_max + j
+            label = self._label(bins, labels, kv_max)
+            alpha = by_label.get(label)
+            if alpha is None:
+                probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
+                                   shape.decode_kv_sum + shape.num_decode * j, kv_max,
+                                   shape.decode_kv_min + j)
+                alpha = by_label[label] = self._skew_alpha(probe, kv_mean + j)
+            out.append(alpha)
+        return out
+
+
 
 
     @classmethod

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from sim.errors import InputError
 from sim.hardware import HardwareSpec, load_hardware
 from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
@@ -69,6 +67,8 @@ def load_calibration(path: str | Path | None = None) -> dict[str, dict[str, floa
     out = {k: dict(v) for k, v in DEFAULT_CALIBRATION.items()}
     if not path.is_file():
         return out
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

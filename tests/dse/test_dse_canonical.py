@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dse_testkit import write_space
 
-from dse.canonical import canonical_params, config_key
+from dse.canonical import canonical_params, config_key, inert_knobs
 from dse.config import make_trial_config
 from dse.space import load_space
 
@@ -100,3 +100,34 @@ def test_canonical_params_give_the_same_cluster_and_simulated_result(dense):
         rb = evaluate(dense, {"number": 0, "cluster": b.cluster, "options": b.options})
         for k in ("ttft_ms", "tpot_ms"):
             assert ra.summary[k] == rb.summary[k], (params, k)
+
+
+def test_inert_knobs_name_what_the_result_ignores(dense):
+    one = dense.complete({"tp": 2, "replicas": 1, "routing_policy": "RR"})
+    assert {"routing_policy", "pd_ratio", "dp"} <= inert_knobs(dense, one)
+    two = dense.complete({"tp": 2, "replicas": 2, "routing_policy": "RR"})
+    assert "routing_policy" not in inert_knobs(dense, two)
+    pd = dense.complete({"tp": 1, "replicas": 4, "pd": True, "pd_ratio": "3:1"})
+    assert "pd_ratio" not in inert_knobs(dense, pd)
+
+
+def test_report_table_shows_a_dash_for_a_knob_with_no_effect(dense):
+    """One replica: the routing policy chooses nothing, so the trials table must not
+    claim 'RR' for it (it showed the sampled value before)."""
+    import optuna
+
+    from dse.report import trials_frame
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for replicas in (1, 2):
+        t = optuna.trial.create_trial(
+            params={"tp": 2, "replicas": replicas, "routing_policy": "RR"},
+            distributions={"tp": optuna.distributions.CategoricalDistribution([1, 2]),
+                           "replicas": optuna.distributions.CategoricalDistribution([1, 2, 4]),
+                           "routing_policy": optuna.distributions.CategoricalDistribution(
+                               ["LOAD", "RR"])},
+            values=[1.0, 1.0], user_attrs={"feasible": True})
+        study.add_trial(t)
+    df = trials_frame(dense, study).set_index("replicas")
+    assert df.isna().loc[1, "routing_policy"]
+    assert df.loc[2, "routing_policy"] == "RR"

@@ -26,8 +26,10 @@ def _cluster(nodes=2, per_node=4, bw=(400, 25), lat=(500, 5000)):
 def test_two_node_layout_honours_per_dimension_links_and_numbers_npus():
     layout = build_layout(sim.parse_cluster(_cluster()))
     assert layout.network["npus_count"] == [4, 2]
-    # link_bw is decimal GB/s; network.yml counts ASTRA-Sim's 2^30 B/s per GB/s
-    assert layout.network["bandwidth"] == pytest.approx([400 * 1e9 / 2**30, 25 * 1e9 / 2**30])
+    # the file's links as LLMServingSim writes them: FullyConnected per dimension, link_bw
+    # unchanged (ASTRA-Sim's GB/s, 2^30 B/s), link_latency per message
+    assert layout.network["topology"] == ["FullyConnected", "FullyConnected"]
+    assert layout.network["bandwidth"] == [400, 25]
     assert layout.network["latency"] == [500, 5000]
     assert layout.npus == {0: (0, 1), 1: (2, 3), 2: (4, 5), 3: (6, 7)}
     assert layout.num_npus == 8
@@ -47,7 +49,8 @@ def test_cli_writes_files_astra_sim_reads(tmp_path):
     assert proc.returncode == 0, proc.stderr
     net = Network.load(out / "network.yml")
     assert net.num_npus == 8 and net.ndims == 2
-    assert [d.bandwidth for d in net.dims] == pytest.approx([400 * 1e9 / 2**30, 25 * 1e9 / 2**30])
+    assert [d.bandwidth for d in net.dims] == [400, 25]
+    assert [d.topology for d in net.dims] == ["FullyConnected", "FullyConnected"]
     assert SystemConfig.load(out / "system.json").all_reduce_impl == ("ring", "ring")
     assert json.loads((out / "npus.json").read_text())["3"] == [6, 7]
     for f in out.iterdir():  # the message names every file it wrote

@@ -138,3 +138,41 @@ def test_cli_gpu_memory_utilization_replaces_the_cluster_files_mem_util(tmp_path
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--gpu-memory-utilization" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_pp_stage_layers_follow_vllm_get_pp_indices():
+    from sim.memory import pp_stage_layers
+    assert pp_stage_layers(32, 1) == [32]
+    assert pp_stage_layers(32, 2) == [16, 16]
+    # the remainder goes to the stages before the last, from the second-to-last backwards
+    assert pp_stage_layers(32, 3) == [11, 11, 10]
+    assert pp_stage_layers(30, 4) == [7, 8, 8, 7]
+    assert pp_stage_layers(33, 4) == [8, 8, 9, 8]
+
+
+def test_pp_blocks_are_the_smallest_stage_count_with_each_stage_its_own_memory():
+    # Each pipeline stage's worker profiles its own memory (its layers, the embedding on
+    # the first, the lm_head and sampler run on the last) and sizes its cache for its own
+    # layers; vLLM keeps the smallest count. Before, every stage was charged the largest
+    # stage's layers and the sampler at once, which undercounts.
+    from sim.memory import forward_peak_bytes, non_torch_bytes, pp_stage_layers
+    m = load_model(LLAMA)
+    inst = _instance(hardware="H100-SXM", mem_size=80, pp_size=3, num_npus=3)
+    requested = int(device_total_bytes(inst) * 0.9)
+    rotary = m.max_position_embeddings * m.head_dim * m.dtype_bytes
+    per_layer = m.kv_bytes_per_token(1, 1) // m.num_hidden_layers * 16
+    counts = []
+    for s, layers in enumerate(pp_stage_layers(m.num_hidden_layers, 3)):
+        weights = m.stage_weight_bytes(1, layers, s == 0, s == 2) + rotary
+        act = (activation_peak_bytes(m, 1, 1, 2048, 256) if s == 2
+               else forward_peak_bytes(m, 2048, 1, 1))
+        counts.append((requested - weights - act - non_torch_bytes(inst)) // (per_layer * layers))
+    b = memory_budget(inst, m, 16, 2048, 256)
+    assert b.num_blocks == min(counts)
+    # the 10-layer last stage holds more blocks than the 11-layer ones
+    assert counts[2] > counts[0]
+    # a stage's weights: the whole model's parameters split over the stages (+ a second
+    # vocabulary matrix where the lm_head is tied but lives apart from the embedding)
+    stages = sum(m.stage_weight_bytes(1, n, s == 0, s == 2)
+                 for s, n in enumerate(pp_stage_layers(m.num_hidden_layers, 3)))
+    assert stages == pytest.approx(m.weight_bytes(1, 1, 1), rel=1e-6)

@@ -105,7 +105,10 @@ def test_expert_parallelism_halves_expert_weights_per_npu():
 
 from astrasim import GraphBuilder  # noqa: E402
 
+from dataclasses import replace  # noqa: E402
+
 from sim.engine import Simulator  # noqa: E402
+from sim.topology import ASTRA, Dim, Link, Topology, group_topology  # noqa: E402
 from sim.latency.base import BatchShape  # noqa: E402
 from sim.moe_wave import (cudagraph_size, dp_padded_tokens, exchange_graphs,  # noqa: E402
                           ranks_hit_fraction)
@@ -133,9 +136,54 @@ def _ag_rs_ns(s, dp, tokens_per_rank, model, bw=64, lat=1000):
         d = b.all_gather(tokens_per_rank * (row + logits), involved_dim=[True])
         b.reduce_scatter(total * row, involved_dim=[True], deps=[d])
         graphs[r] = b.build()
-    net = {"topology": ["FullyConnected"], "npus_count": [dp], "bandwidth": [bw],
-           "latency": [lat]}
+    # the cluster's one network description: the file's link as LLMServingSim gives it to
+    # ASTRA-Sim (FullyConnected, its 2^30 B/s unit, latency per message), the NPU's memory
+    # bandwidth for the reduction
+    net = Topology((Dim(dp, Link("FullyConnected", bw, lat, unit=ASTRA)),),
+                   local_mem_bw_GBps=3350)
     return s.backend.run_graphs(net, graphs)
+
+
+def test_exchange_runs_on_the_clusters_network_as_the_file_gives_it():
+    # The exchange runs on sim.topology's description of the link. The cluster file's
+    # link_bw / link_latency are LLMServingSim's: the GPU-to-GPU path as a FullyConnected
+    # ASTRA-Sim network, bandwidth in its 2^30 B/s unit, latency per message; a 2-rank ring
+    # all-gather / reduce-scatter is one step, one message. (The hardware's switch and its
+    # two hops apply only to the catalogue's links: test_catalogue_exchange_... below.)
+    s, gate = _wave(_cluster(link_bw=10))
+    model = s.instances[0].model
+    tokens = 2048  # large enough for the bandwidth term to dominate
+    t = s.moe_wave._exchange_ns(s.instances, [tokens, tokens])
+    row = model.hidden_size * model.dtype_bytes
+    logits = model.num_experts * model.dtype_bytes
+    ag = tokens * (row + logits)              # each rank's contribution, sent once
+    rs = 2 * tokens * row // 2                # half the gathered outputs, sent once
+    wire_ns = (ag + rs) / (10 * (1 << 30) / 1e9)  # 10 x 2^30 B/s
+    hops_ns = 2 * 1000                        # two steps, one message each, 1000 ns
+    assert t == pytest.approx(wire_ns + hops_ns, rel=0.01)
+    net = group_topology(s.cluster, [i.config for i in s.instances], 2)
+    assert net.network()["topology"] == ["FullyConnected"] and net.network()["bandwidth"] == [10]
+    s.close()
+
+
+def test_catalogue_exchange_crosses_the_switch_in_decimal_gbps():
+    # no link fields: H100's NVLink from the catalogue, 450 GB/s decimal per direction
+    # through NVSwitch, two hops of 300 ns per message; the reduce-scatter's reduction at
+    # the NPU's 3350 GB/s (one write, two reads), an endpoint delay per bundle (four)
+    c = _cluster()
+    raw = {k: v for k, v in c.raw.items() if k not in ("link_bw", "link_latency")}
+    s, gate = _wave(sim.parse_cluster(raw))
+    model = s.instances[0].model
+    tokens = 2048
+    t = s.moe_wave._exchange_ns(s.instances, [tokens, tokens])
+    row = model.hidden_size * model.dtype_bytes
+    logits = model.num_experts * model.dtype_bytes
+    wire_ns = (tokens * (row + logits) + tokens * row) / 450.0
+    reduce_ns = 3 * tokens * row / 3350.0
+    assert t == pytest.approx(wire_ns + 2 * 2 * 300 + reduce_ns + 4 * 10, abs=2)
+    net = group_topology(s.cluster, [i.config for i in s.instances], 2)
+    assert net.dims[0].link.topology == "Switch" and net.dims[0].link.bw_GBps == 450
+    s.close()
 
 
 def test_exchange_is_allgather_of_hidden_states_not_topk_copies():
@@ -316,6 +364,9 @@ def test_replay_of_the_real_dp2_ep2_run_tracks_its_decode_speed():
     real_tpot = sum((r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1)
                     for r in rows) / len(rows) * 1e3
     real_e2e = sum(r["last_token_ts"] - r["queued_ts"] for r in rows) / len(rows) * 1e3
+    # The exchange runs on sim.topology's description of the cluster file's link, as
+    # LLMServingSim gives it to ASTRA-Sim (16 x 2^30 B/s, one 20 us message per collective
+    # step): TPOT +5.2%, E2E from arrival +5.7% (README, the MoE case).
     assert res.summary["tpot_ms"]["mean"] == pytest.approx(real_tpot, rel=0.08)
     assert res.summary["latency_ms"]["mean"] == pytest.approx(real_e2e, rel=0.08)
 
@@ -349,3 +400,80 @@ def test_less_loaded_ep_rank_waits_for_the_busiest_at_the_combine():
     assert busy.moe_ns > light.moe_ns
     assert light.wait_ns - busy.wait_ns == busy.moe_ns - light.moe_ns
     s.close()
+
+
+def test_dp_group_without_expert_parallelism_shards_experts_over_the_group():
+    # vLLM 0.19 without --enable-expert-parallel (FusedMoEParallelConfig.make,
+    # flatten_tp_across_dp): every rank holds every expert with its intermediate dimension
+    # sharded over the dp * tp ranks of the group; the tokens of all DP ranks are still
+    # gathered (dispatch) and reduce-scattered back (combine). Before, each member was
+    # charged the whole experts' time on all gathered tokens.
+    s, gate = _wave(_cluster(ep=1))
+    lead = s.instances[0]
+    step = s.moe_wave.step(s.instances, [_decode(64), _decode(64)], gate)
+    layers = lead.model.num_hidden_layers
+    k = lead.model.num_experts_per_tok
+    ((assigned, active),) = gate.assign(128, lead.model.num_experts, k, 1)
+    flat = sim.engine._resolve_provider("roofline", replace(lead.config, tp_size=2),
+                                        lead.model, lead.opts)
+    per_layer = flat.moe_ns(-(-assigned // k), active)
+    assert all(r.moe_ns == layers * per_layer for r in step.ranks)
+    whole = lead.provider.moe_ns(-(-assigned // k), active)
+    assert per_layer < 0.75 * whole
+    # the exchange is there (dispatch / combine over the DP group)
+    assert all(r.comm_ns == layers * _ag_rs_ns(s, 2, 64, lead.model) for r in step.ranks)
+    s.close()
+
+
+def test_dp_group_without_expert_parallelism_scales_when_no_latency_data_at_dp_x_tp():
+    s, gate = _wave(_cluster(ep=1))
+    lead = s.instances[0]
+
+    def uncovered(inst, tp):
+        raise sim.InputError("no data at that TP degree")
+
+    s.moe_wave.flat_provider = uncovered
+    step = s.moe_wave.step(s.instances, [_decode(64), _decode(64)], gate)
+    k = lead.model.num_experts_per_tok
+    ((assigned, active),) = gate.assign(128, lead.model.num_experts, k, 1)
+    whole = lead.provider.moe_ns(-(-assigned // k), active)
+    layers = lead.model.num_hidden_layers
+    assert step.ranks[0].moe_ns == layers * -(-whole // 2)
+    s.close()
+
+
+def test_tp_and_dp_with_expert_parallelism_run_sequence_parallel_moe():
+    # vLLM 0.19 (ParallelConfig.use_sequence_parallel_moe): with EP, DP > 1, TP > 1 and the
+    # allgather_reducescatter backend, each TP rank takes 1/tp of its DP rank's tokens into
+    # the MoE layer, the exchange runs over the whole EP group (dp * tp ranks) and the TP
+    # group all-gathers the MoE output instead of all-reducing it. Before, the exchange ran
+    # over the DP ranks with every TP rank's full token count.
+    s, gate = _wave(_cluster(tp=2, ep=4))
+    lead = s.instances[0]
+    layers = lead.model.num_hidden_layers
+    step = s.moe_wave.step(s.instances, [_decode(64), _decode(64)], gate)
+    assert all(r.comm_ns == layers * _ag_rs_ns(s, 4, 32, lead.model) for r in step.ranks)
+    # the swap of the MoE's TP all-reduce for an all-gather of half the rows is cheaper
+    assert s.moe_wave._tp_swap_ns(lead, 64) < 0
+    naive, g2 = _wave(_cluster(tp=2, ep=4), OPTS.replace(all2all_backend="naive"))
+    ns = naive.moe_wave.step(naive.instances, [_decode(64), _decode(64)], g2)
+    # naive is not sequence parallel: the TP all-reduce stays, the rank's other time grows
+    assert ns.ranks[0].dense_ns > step.ranks[0].dense_ns
+    naive.close()
+    s.close()
+
+
+def test_dp_group_without_expert_parallelism_holds_a_dp_share_of_the_experts():
+    # flatten_tp_across_dp: each of the dp * tp ranks holds 1/(dp * tp) of every expert,
+    # so a DP2 group without EP has the expert weights of a DP2 x EP2 one per rank (and
+    # so the same KV room, NCCL buffers included). Before, each member was charged all the
+    # experts.
+    s_ep1 = Simulator(_cluster(ep=1), OPTS)
+    s_ep2 = Simulator(_cluster(ep=2), OPTS)
+    a, b = s_ep1.instances[0].memory, s_ep2.instances[0].memory
+    assert a.weight_bytes == b.weight_bytes
+    assert a.num_blocks == b.num_blocks
+    alone = Simulator(_cluster(members=1, ep=1, dp_group=None), OPTS).instances[0].memory
+    assert alone.weight_bytes > 1.5 * a.weight_bytes
+    s_ep1.close()
+    s_ep2.close()

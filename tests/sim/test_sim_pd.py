@@ -57,10 +57,11 @@ def test_transfer_time_scales_with_context_length_and_link_bandwidth():
     assert long == pytest.approx(4 * short, rel=0.02)
     slow, fast = transfer_ms(2000, 16), transfer_ms(2000, 64)
     assert slow == pytest.approx(4 * fast, rel=0.05)
-    # Closed form: two hops (GPU -> NVSwitch -> GPU, sim.topology) of latency + KV bytes of
-    # the context over the link (link_bw in decimal GB/s = bytes/ns).
+    # Closed form: one message of the file's link_latency (the GPU-to-GPU path, as
+    # LLMServingSim gives it to ASTRA-Sim) + KV bytes of the context over the link
+    # (link_bw in ASTRA-Sim's GB/s of 2^30 B/s).
     model = sim.engine.load_model("meta-llama/Llama-3.1-8B")
-    expected_ms = (2 * 2000 + 2000 * model.kv_bytes_per_token() / 16) / 1e6
+    expected_ms = (2000 + 2000 * model.kv_bytes_per_token() / (16 * (1 << 30) / 1e9)) / 1e6
     assert slow == pytest.approx(expected_ms, rel=0.01)
 
 

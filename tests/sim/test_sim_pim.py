@@ -123,15 +123,41 @@ def test_bad_pim_inputs_exit_2(tmp_path):
 @pytest.mark.parametrize("interleave", [False, True])
 def test_two_layer_extrapolation_equals_the_full_pim_graph(interleave):
     from sim.engine import _pim_layers_graph
+    from sim.topology import transfer_topology
 
     opts = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True)
     simulator = Simulator(_cluster(), opts)
     inst, backend = simulator.instances[0], simulator.backend
     pim = inst.pim
-    net = {"topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [pim.link_bw_GBps],
-           "latency": [pim.link_latency_ns]}
+    net = transfer_topology(pim.link)
     subs = [(30_000, 12_000, 50_000, 4096), (30_000, 9_000, 50_000, 4096)][: 2 if interleave else 1]
     t1 = backend.run_graphs(net, _pim_layers_graph(1, subs))
     t2 = backend.run_graphs(net, _pim_layers_graph(2, subs))
     full = backend.run_graphs(net, _pim_layers_graph(32, subs))
     assert full == t1 + 31 * (t2 - t1)
+
+
+def test_pim_links_follow_sim_topology():
+    # pool: the node's link as sim.topology reads it: the file's values as LLMServingSim
+    # gives them to ASTRA-Sim (FullyConnected, 2^30 B/s unchanged, ns per message) ...
+    from sim.topology import transfer_topology
+    pool = sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True,
+                          pim_mode="pool")
+    s = Simulator(_cluster(link_latency=20000), pool)
+    assert transfer_topology(s.instances[0].pim.link).network() == {
+        "topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [64.0],
+        "latency": [20000.0]}
+    s.close()
+    # ... else the catalogue's physical link (the NPU's own link: a ring, decimal GB/s)
+    raw = {k: v for k, v in _cluster().raw.items() if k not in ("link_bw", "link_latency")}
+    s = Simulator(sim.parse_cluster(raw), pool)
+    link = s.instances[0].pim.link
+    assert (link.topology, link.bw_GBps, link.unit, link.latency_ns) == ("Ring", 64, "GB/s", 100)
+    s.close()
+    # local: host memory's bus, given to ASTRA-Sim unchanged as before
+    s = Simulator(_cluster(), sim.SimOptions(latency_provider="roofline",
+                                             enable_attn_offloading=True))
+    assert transfer_topology(s.instances[0].pim.link).network() == {
+        "topology": ["FullyConnected"], "npus_count": [2], "bandwidth": [256.0],
+        "latency": [100.0]}
+    s.close()

@@ -1,0 +1,336 @@
+"""Event leaping: a stretch of pure-decode steps of one instance in one computation.
+
+Between two events (an arrival, a completion, a prefill chunk, a block the pool cannot
+give, a preemption, a PD hand-off) the batch of a decoding instance is fixed: every
+running request computes one token per step, its KV length grows by one, and its step
+time follows from the KV lengths. ``plan_leap`` checks that the scheduler is in such a
+steady state and bounds how many steps may pass before anything can change;
+``apply_leap`` then advances every request at once.
+
+Per request, work happens only at its block boundaries (every ``block_size`` steps):
+there the real KV-cache code runs (``KVCacheManager.allocate`` / ``cache_blocks``) with
+the request's counters set to the values they have at that point of the stretch, in the
+same global order as step-by-step simulation (step by step, running order within a
+step), so the block pool, its free queue and the prefix-cache tables end identical.
+Block allocations in a stretch cannot fail (the plan counts them against the free
+blocks), and the head of the waiting queue provably stays unadmittable (its prefix hit
+cannot change and free blocks only shrink).
+
+The step-by-step path stays the reference: ``SimOptions.event_leaping=False`` turns
+leaping off, and ``tests/sim/test_sim_leap.py`` checks both give byte-identical output.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate, islice
+
+from sim.kv_cache import block_hashes
+from sim.latency.base import BatchShape
+from sim.request import RUNNING
+from sim.scheduler import Batch, Scheduler
+
+
+@dataclass(slots=True)
+class LeapPlan:
+    """What a stretch of steps may do, before timing decides how far it goes."""
+
+    #: most steps that may be scheduled in the stretch
+    max_steps: int
+    #: most step completions that may be applied (none may finish a request)
+    max_completions: int
+    #: per request: tokens computed and generated when the stretch starts
+    computed0: list[int]
+    output0: list[int]
+    #: blocks each step allocates, and their running total
+    pops: list[int]
+    pops_through: list[int]
+    #: free blocks when the stretch starts
+    free0: int
+    #: step 0's decode KV: sum, max, min (each step adds len(running), 1, 1)
+    kv_sum0: int
+    kv_max0: int
+    kv_min0: int
+    #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
+    #: queried tokens), or None when the head is not looked up
+    head_lookup: tuple[int, int] | None
+
+
+def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
+    """Whether every running request is in steady decode: its next step computes one
+    token and samples one, and (async) its one step in flight is ``in_flight``, a pure
+    decode of the same requests in the same order."""
+    running = sch.running
+    if (not running or sch.role is not None or sch.receiving or sch.handoffs
+            or sch.admitted_transfers or sch.budget < len(running)):
+        return False
+    ph = 1 if sch.async_scheduling else 0
+    if ph:
+        if (in_flight is None or in_flight.prefill_tokens or len(in_flight.requests) != len(running)
+                or in_flight.decode_tokens != len(running) or not all(in_flight.samples)):
+            return False
+        for a, b in zip(in_flight.requests, running):
+            if a is not b:
+                return False
+    elif in_flight is not None:
+        return False
+    for r in running:
+        if (r.status != RUNNING or r.num_placeholders != ph or r.num_output < 1
+                or r.num_computed < r.input_len
+                or r.input_len + r.num_output + ph - r.num_computed != 1):
+            return False
+    return True
+
+
+def plan_leap(sch: Scheduler) -> LeapPlan | None:
+    """Bound a stretch of steady decode steps (``steady_decode`` must hold), or None."""
+    running = sch.running
+    kv = sch.kv
+    bs = kv.block_size
+    max_len = sch.max_model_len
+    computed0 = [r.num_computed for r in running]
+    output0 = [r.num_output for r in running]
+    # No completion in the stretch may finish a request (its output length or max_model_len).
+    max_completions = min(min(r.output_len - r.num_output, max_len - r.input_len - r.num_output)
+                          for r in running) - 1
+    if max_completions < 1:
+        return None
+    # Steps the running requests can take: block allocations counted against free blocks.
+    max_steps = max_completions + 1
+    pops = [0] * max_steps
+    for r, c0 in zip(running, computed0):
+        first = len(r.block_ids) * bs - c0  # the step whose token starts a new block
+        if first < 0:
+            return None
+        for j in range(first, max_steps, bs):
+            pops[j] += 1
+    pops_through = list(accumulate(pops))
+    free0 = kv.num_free
+    max_steps = min(max_steps, bisect_right(pops_through, free0))
+    head_lookup = None
+    waiting = sch.waiting
+    budget_left = sch.budget - len(running)
+    if max_steps and waiting and budget_left > 0 and len(running) < sch.max_num_seqs:
+        head = waiting[0]
+        if head.remote_kv:
+            return None
+        max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
+                                                        pops_through, free0, computed0, output0)
+    if max_steps < 1:
+        return None
+    kv_sum0 = sum(computed0)
+    return LeapPlan(max_steps, max_completions, computed0, output0, pops, pops_through, free0,
+                    kv_sum0, max(computed0), min(computed0), head_lookup)
+
+
+def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
+                           pops_through: list[int], free0: int, computed0: list[int],
+                           output0: list[int]) -> tuple[int, tuple[int, int] | None]:
+    """Steps before the waiting head could be admitted, and what its lookup accounts.
+
+    With no block holding one of its hashes cached anew, its prefix hit can only shrink
+    as blocks are evicted, and free blocks only shrink: under ``reserve_full_isl`` an
+    unadmittable head stays so (evicting a free hit block costs the hit one block and
+    the free pool one block; truncating the hit frees at most the blocks dropped). So:
+    admissible at step 0 -> no stretch. Without ``reserve_full_isl`` (a chunk needs
+    fewer blocks once the hit is gone), or when the lookup's hit is accounted (a request
+    never preempted), the stretch ends before the first step that evicts one of the
+    head's cached blocks."""
+    kv = sch.kv
+    bs = kv.block_size
+    looked_up = head.num_computed == 0 and kv.enable_prefix_caching
+    if looked_up and kv.lower_tier is not None:
+        return 0, None  # a lower-tier lookup reorders the tier's LRU: step it
+    hit = kv.lookup(head) if looked_up else []
+    if _head_admissible(sch, head, hit, free0 - pops_through[0], budget):
+        return 0, None
+    if not looked_up:
+        return max_steps, None
+    accounted = not head.preemptions
+    max_blocks = (head.num_tokens - 1) // bs
+    watched = set(block_hashes(head, bs, max_blocks)[:max_blocks])
+    if watched:
+        if accounted or not sch.reserve_full:
+            block_hash = kv.block_hash
+            for k, bid in enumerate(islice(kv.free, pops_through[max_steps - 1])):
+                if block_hash[bid] in watched:
+                    max_steps = min(max_steps, bisect_right(pops_through, k))
+                    break
+        if max_steps and _caches_watched(sch, watched, max_steps, computed0, output0):
+            max_steps = 0
+    return max_steps, (len(hit), head.num_tokens) if accounted else None
+
+
+def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[int],
+                    output0: list[int]) -> bool:
+    """Whether a running request would cache, within ``steps`` steps, a block whose hash
+    the waiting head's lookup reads (same tokens from the start: rare, but it would
+    lengthen the head's hit)."""
+    bs = sch.kv.block_size
+    for r, o0 in zip(sch.running, output0):
+        start = r.cached_hashes or 0
+        full = (r.input_len + o0 + steps) // bs
+        if full <= start or (start and r.block_hashes[start - 1] not in watched):
+            # Hashes chain on their parent: blocks after one the head does not share
+            # cannot match the head's either.
+            continue
+        r.num_output = o0 + steps  # hashes of the tokens known by then (a pure cache)
+        try:
+            hashes = block_hashes(r, bs, full)
+        finally:
+            r.num_output = o0
+        if not watched.isdisjoint(hashes[start:full]):
+            return True
+    return False
+
+
+def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: int) -> bool:
+    """``Scheduler._schedule_waiting``'s admission test for its head, without its effects."""
+    kv = sch.kv
+    bs = kv.block_size
+    computed = head.num_computed + len(hit) * bs
+    n = head.num_tokens - computed
+    if sch.threshold and n > sch.threshold:
+        n = sch.threshold
+    if not sch.chunked and n > budget:
+        return False
+    if n > budget:
+        n = budget
+    ref = kv.ref
+    hit_free = sum(1 for b in hit if ref[b] == 0)
+    if sch.reserve_full and kv.blocks_for(head.num_tokens) - len(hit) > free - hit_free:
+        return False
+    if hit:
+        need = max(0, -(-(computed + n) // bs) - len(head.block_ids) - len(hit))
+        return need + hit_free <= free
+    return -(-(head.num_computed + n) // bs) - len(head.block_ids) <= free
+
+
+def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
+    """Step ``j``'s shape: every request decodes one token over its KV, one longer a step."""
+    return BatchShape(num_running, num_running, 0, 0, num_running,
+                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0)
+
+
+def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
+               completion_ns: list[int], itl_sink: list[int]) -> Batch | None:
+    """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
+    ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
+    return the batch of the last step when it is still in flight. Sync: completion k is
+    step k-1's (a step is in flight if one more was scheduled than completed). Async: the
+    first completion is the step already in flight at the start, completion k step k-2's,
+    so the last step is always in flight."""
+    running = sch.running
+    done = len(completion_ns)
+    if sch.unread:  # the first step's schedule reads the engine's input queue
+        for r in sch.unread:
+            r.queued_ns = start_ns
+        sch.unread.clear()
+    _apply_block_events(sch, plan, steps, done)
+    sch.preempted_last = []
+    if plan.head_lookup is not None:
+        hit_blocks, tokens = plan.head_lookup
+        sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
+        sch.kv.queried_tokens += steps * tokens
+    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
+        r.num_computed = c0 + steps
+        r.num_output = o0 + done
+    if done:
+        _emit_tokens(running, completion_ns, itl_sink)
+    if steps == done and not sch.async_scheduling:
+        return None
+    n = len(running)
+    return Batch(list(running), [1] * n, step_shape(plan, n, steps - 1), 0, n, 0, [True] * n)
+
+
+def _emit_tokens(running, completion_ns: list[int], itl_sink: list[int]) -> None:
+    """Each completion gives every request one token: its inter-token gaps in the order
+    ``Scheduler.complete`` appends them."""
+    first = completion_ns[0]
+    gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
+    common_max = max(gaps, default=0)
+    first_gaps = []
+    for r in running:
+        g = first - r.last_token_ns
+        first_gaps.append(g)
+        m = g if g > common_max else common_max
+        if m > r.itl_max_ns:
+            r.itl_max_ns = m
+        r.last_token_ns = completion_ns[-1]
+    itl_sink.extend(first_gaps)
+    n = len(running)
+    for g in gaps:
+        itl_sink.extend([g] * n)
+
+
+def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:
+    """Run the KV-cache code where step-by-step simulation would leave its fast path:
+    a step that starts a block or fills one (allocate), and (async) a completion that
+    fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
+    phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
+    within a phase."""
+    kv = sch.kv
+    bs = kv.block_size
+    caching = kv.enable_prefix_caching
+    async_ = sch.async_scheduling
+    ph = 1 if async_ else 0
+    running = sch.running
+    events: list[tuple[int, int]] = []
+    for i, r in enumerate(running):
+        phase = _next_phase(r, plan.computed0[i], plan.output0[i], -1, bs, caching, async_)
+        events.append((phase, i))
+    heapq.heapify(events)
+    last_phase = max(2 * (steps - 1), 2 * done - 1)
+    free_before = kv.num_free
+    while events and events[0][0] <= last_phase:
+        phase, i = heapq.heappop(events)
+        r = running[i]
+        c0, o0 = plan.computed0[i], plan.output0[i]
+        if phase % 2 == 0:
+            if phase // 2 < steps:
+                j = phase // 2
+                r.num_computed, r.num_output = c0 + j, o0 + j
+                nc = c0 + j + 1
+                known = r.input_len + r.num_output
+                if nc > len(r.block_ids) * bs or (caching and (
+                        nc if nc < known else known) // bs > (r.cached_hashes or 0)):
+                    if not kv.allocate(r, 1):
+                        raise RuntimeError("event leap: a planned block allocation failed")
+        elif (phase + 1) // 2 <= done:
+            k = (phase + 1) // 2
+            r.num_computed, r.num_output = c0 + k, o0 + k
+            n = r.num_computed - ph
+            if n // bs > (r.cached_hashes or 0):
+                kv.cache_blocks(r, n)
+        nxt = _next_phase(r, c0, o0, phase, bs, caching, async_)
+        heapq.heappush(events, (nxt, i))
+    if free_before - kv.num_free != plan.pops_through[steps - 1]:
+        raise RuntimeError("event leap: block allocations differ from the plan")
+
+
+def _next_phase(r, c0: int, o0: int, after: int, bs: int, caching: bool, async_: bool) -> int:
+    """The first phase after ``after`` at which request ``r`` may leave the fast path
+    (a lower bound: the event re-checks the exact condition)."""
+    cached = r.cached_hashes or 0
+    # scheduling step j: nc = c0 + j + 1 tokens need blocks; min(nc, known) tokens cached
+    j = len(r.block_ids) * bs - c0
+    if caching:
+        base = min(c0 + 1, r.input_len + o0)  # min(nc, known) at j = 0; both grow by one
+        jc = (cached + 1) * bs - base
+        if jc < j:
+            j = jc
+    j_min = after // 2 + 1 if after >= 0 else 0
+    if j < j_min:
+        j = j_min
+    best = 2 * j
+    if async_ and caching:
+        # completion k (async): num_computed - placeholders = c0 + k - 1 tokens cached
+        k = (cached + 1) * bs - c0 + 1
+        k_min = (after + 1) // 2 + 1 if after >= 0 else 1
+        if k < k_min:
+            k = k_min
+        if 2 * k - 1 < best:
+            best = 2 * k - 1
+    return best

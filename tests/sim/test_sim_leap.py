@@ -1,0 +1,227 @@
+"""Event leaping (sim.leap) against the step-by-step reference: byte-identical output.
+
+Every case simulates one workload twice, with ``event_leaping`` on and off, and compares
+every per-request timestamp and counter, the summary and the time series. The cases
+cover preemption (tiny KV pools), prefix caching with shared prefixes and a lower tier,
+async scheduling on and off, chunked prefill on and off, FCFS and priority scheduling,
+max_model_len, several instances, pipeline parallelism, PD disaggregation, DP/EP MoE
+groups and power modelling.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim
+import sim.engine
+from sim.latency.base import BatchShape
+from sim.request import Request
+from sim.workload import parse_jsonl_lines
+from sim_testkit import cluster_dict, opts_for
+
+REQUEST_FIELDS = ("rid", "instance_id", "arrival_ns", "queued_ns", "first_scheduled_ns",
+                  "first_token_ns", "last_token_ns", "finish_ns", "num_output", "num_computed",
+                  "preemptions", "prefix_hit", "lower_hit", "itl_max_ns", "kv_transfer_ns",
+                  "prefill_instance", "rejected", "client_id")
+VOLATILE = ("wall_s", "speedup_vs_real_time")
+
+
+def _outputs(cluster, workload, opts) -> str:
+    res = sim.simulate(cluster, workload, opts)
+    rows = [tuple(getattr(r, f) for f in REQUEST_FIELDS) for r in res.requests]
+    summary = {k: v for k, v in res.summary.items() if k not in VOLATILE}
+    return json.dumps([rows, summary, res.timeseries.columns(), res.timeseries.power],
+                      sort_keys=True, default=repr)
+
+
+def _assert_same(cluster, workload, opts) -> None:
+    stepped = _outputs(cluster, workload, opts.replace(event_leaping=False))
+    leapt = _outputs(cluster, workload, opts.replace(event_leaping=True))
+    assert leapt == stepped
+
+
+def _count_leaps(monkeypatch) -> list[int]:
+    """Steps advanced by leaps (to show that a case exercises them)."""
+    steps: list[int] = []
+    original = sim.engine.apply_leap
+
+    def counting(sch, plan, n, *args):
+        steps.append(n)
+        return original(sch, plan, n, *args)
+
+    monkeypatch.setattr(sim.engine, "apply_leap", counting)
+    return steps
+
+
+@st.composite
+def workloads(draw, max_requests=24, max_input=600, max_output=120, shared_prefixes=True):
+    """Flat requests with clustered arrivals; with shared prefixes, prompts start with
+    one of a few common token runs (prefix-cache hits, also across preemptions)."""
+    n = draw(st.integers(2, max_requests))
+    prefixes = [[1000 * p + t for t in range(draw(st.integers(8, 80)))] for p in range(3)]
+    reqs = []
+    t = 0
+    for i in range(n):
+        t += draw(st.sampled_from([0, 1_000_000, 20_000_000, 300_000_000]))
+        n_in = draw(st.integers(1, max_input))
+        n_out = draw(st.integers(1, max_output))
+        ids = None
+        if shared_prefixes and draw(st.booleans()):
+            pre = prefixes[draw(st.integers(0, 2))][:n_in]
+            ids = pre + [7 + i * 10_000 + k for k in range(n_in - len(pre))]
+        reqs.append(Request(i, t, n_in, n_out, input_ids=ids))
+        reqs[-1].priority = draw(st.integers(0, 2))
+    return sim.Workload(reqs, source="<hypothesis>")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(wl=workloads(), kv_tokens=st.sampled_from([760, 1440, 6400]), instances=st.sampled_from([1, 1, 2]),
+       async_=st.booleans(), caching=st.booleans(), chunked=st.booleans(),
+       reserve_full=st.booleans(), policy=st.sampled_from(["fcfs", "priority"]),
+       tier=st.sampled_from([None, None, "CPU"]), max_len=st.sampled_from([None, None, 500]),
+       budget=st.sampled_from([2048, 256]), block_size=st.sampled_from([16, 4]))
+def test_single_instances_leap_exactly(bundle_root, wl, kv_tokens, instances, async_, caching,
+                                       chunked, reserve_full, policy, tier, max_len, budget,
+                                       block_size):
+    # every request fits the pool alone (prompt + output <= 720 tokens); 760 preempts often
+    cluster = sim.parse_cluster(cluster_dict(kv_tokens // block_size + 1, instances, block_size))
+    opts = opts_for(bundle_root, async_scheduling=async_, enable_prefix_caching=caching,
+                    enable_chunked_prefill=chunked or budget < 600,  # unchunked prompts fit the budget
+                    reserve_full_isl=reserve_full, scheduling_policy=policy,
+                    prefix_storage=tier if caching else None, max_model_len=max_len,
+                    max_num_batched_tokens=budget, block_size=block_size,
+                    timeseries_interval_ns=50_000_000)
+    _assert_same(cluster, wl, opts)
+
+
+def test_leaps_happen_and_cover_most_decode_steps(bundle_root, monkeypatch):
+    """A steady decode load: most steps are leapt over, and the output is unchanged."""
+    steps = _count_leaps(monkeypatch)
+    wl = sim.Workload([Request(i, i * 5_000_000, 100 + 37 * i, 200 + 11 * i) for i in range(12)],
+                      source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(400))
+    for async_ in (False, True):
+        steps.clear()
+        opts = opts_for(bundle_root, async_scheduling=async_)
+        _assert_same(cluster, wl, opts)
+        # about 330 steps in all: nearly all of them leapt, in stretches up to the next arrival
+        assert sum(steps) >= 250 and sum(steps) >= 10 * len(steps)
+
+
+def test_leaps_under_preemption_pressure(bundle_root, monkeypatch):
+    """A pool too small for the load: preemptions happen, leaps stop short of them."""
+    steps = _count_leaps(monkeypatch)
+    wl = sim.Workload([Request(i, 0, 120, 300) for i in range(10)], source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(60))
+    opts = opts_for(bundle_root)
+    res = sim.simulate(cluster, wl, opts.replace(event_leaping=False))
+    assert res.summary["preemptions"] > 0
+    _assert_same(cluster, wl, opts)
+    assert steps
+
+
+H100 = {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+        "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0}, "num_npus": 1, "tp_size": 1}
+POWER = {"base_node_power": 60,
+         "npu": {"H100-SXM": {"idle_power": 70, "standby_power": 300, "active_power": 700,
+                              "standby_duration": 18}},
+         "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
+         "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
+         "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
+         "nic": {"num_nics": 1, "idle_power": 20},
+         "storage": {"num_devices": 2, "idle_power": 5}}
+
+
+def _cluster(instances: list[dict], power: bool = False) -> sim.ClusterConfig:
+    node = {"num_instances": len(instances),
+            "cpu_mem": {"mem_size": 256, "mem_bw": 64, "mem_latency": 0},
+            "instances": [{**copy.deepcopy(H100), **i} for i in instances]}
+    if power:
+        node["power"] = copy.deepcopy(POWER)
+    return sim.parse_cluster({"num_nodes": 1, "link_bw": 64, "link_latency": 1000,
+                              "nodes": [node]})
+
+
+def _flat(spec: list[tuple[int, int, int]]) -> sim.Workload:
+    return parse_jsonl_lines(json.dumps({"input_toks": i, "output_toks": o, "arrival_time_ns": t})
+                             for t, i, o in spec)
+
+
+SYSTEM_CASES = {
+    "pd": ([{"pd_type": "prefill"}, {"pd_type": "decode"}], False),
+    "pp2": ([{"num_npus": 2, "pp_size": 2}], False),
+    "tp2_power": ([{"num_npus": 2, "tp_size": 2}], True),
+    "power_two_instances": ([{}, {}], True),
+    "moe_dp_ep": ([{"model_name": "Qwen/Qwen3-30B-A3B-Instruct-2507", "ep_size": 2,
+                    "dp_group": "A"}] * 2, False),
+    "moe_single": ([{"model_name": "Qwen/Qwen3-30B-A3B-Instruct-2507"}], True),
+}
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.lists(st.tuples(st.integers(0, 400_000_000), st.integers(1, 1500),
+                               st.integers(1, 150)), min_size=1, max_size=12),
+       async_=st.booleans())
+@pytest.mark.parametrize("case", sorted(SYSTEM_CASES))
+def test_system_features_leap_exactly(case, spec, async_):
+    instances, power = SYSTEM_CASES[case]
+    opts = sim.SimOptions(latency_provider="roofline", async_scheduling=async_,
+                          timeseries_interval_ns=100_000_000)
+    _assert_same(_cluster(instances, power), _flat(sorted(spec)), opts)
+
+
+def _stretch_matches_steps(provider_factory, shape0, steps: int, taken: int) -> None:
+    """``decode_stretch`` gives each step's ``iteration_ns`` and books the same off-grid
+    lookups for the steps taken."""
+    vec, ref = provider_factory(), provider_factory()
+    stretch = vec.decode_stretch(shape0, steps)
+    assert stretch is not None
+    n = shape0.num_decode
+    expected = [ref.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
+                                            shape0.decode_kv_max + j,
+                                            shape0.decode_kv_min + j))
+                for j in range(steps)]
+    assert stretch.durations == expected
+    stretch.record(taken)
+    ref_taken = provider_factory()
+    for j in range(taken):
+        ref_taken.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
+                                          shape0.decode_kv_max + j, shape0.decode_kv_min + j))
+    assert list(vec.extrapolations().items()) == list(ref_taken.extrapolations().items())
+
+
+@pytest.mark.parametrize("n,kv_min,kv_max", [(1, 100, 100), (7, 10, 900), (40, 500, 8150),
+                                             (200, 3000, 9000)])
+def test_measured_decode_stretch_is_exact(bundle_root, n, kv_min, kv_max):
+    """The vectorised stretch against the scalar lookups, on and off the grid (the
+    synthetic bundle's decode KV axis ends at 8192, its decode count at 256), and on a
+    measured bundle with a skew fit."""
+    from sim.latency.measured import MeasuredProvider
+    from sim.model import load_model
+    from sim_testkit import HW, MODEL
+
+    kv_sum = kv_min * (n - 1) + kv_max if n > 1 else kv_max
+    shape0 = BatchShape(n, n, 0, 0, n, kv_sum, kv_max, kv_min if n > 1 else kv_max)
+    model = load_model(MODEL)
+    _stretch_matches_steps(lambda: MeasuredProvider(model, HW, 1, profiles_dirs=(str(bundle_root),)),
+                           shape0, 300, 200)
+    skewed = MeasuredProvider(model, "RTXPRO6000", 1)
+    assert skewed._skew is not None  # this bundle corrects attention for uneven KV lengths
+    _stretch_matches_steps(lambda: MeasuredProvider(model, "RTXPRO6000", 1), shape0, 300, 123)
+
+
+def test_decode_stretch_past_the_decode_count_grid_falls_back(bundle_root):
+    """A decode count past the profiled ones is extrapolated per step (no stretch)."""
+    from sim.latency.measured import MeasuredProvider
+    from sim.model import load_model
+    from sim_testkit import HW, MODEL
+
+    prov = MeasuredProvider(load_model(MODEL), HW, 1, profiles_dirs=(str(bundle_root),))
+    assert prov.decode_stretch(BatchShape(300, 300, 0, 0, 300, 6000, 20, 20), 50) is None

@@ -1,0 +1,117 @@
+"""What `llmsim run` loads: no heavy library it does not use, and summary statistics
+computed without numpy that are numpy's numbers bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sim_testkit import cluster_dict, make_bundle
+
+from sim.metrics import PERCENTILES, stats_ms
+
+# Never on the `llmsim run` path (the DSE driver's and the reports' libraries).
+HEAVY = ("pandas", "plotly", "mlflow", "ray", "optuna", "scipy", "torch", "aiconfigurator_core")
+# Not needed by a run of a dense model whose profile bundle is in the cache.
+NOT_NEEDED = ("numpy", "yaml", "google.protobuf")
+
+_MODULES = r"""
+import json, sys
+{body}
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _modules_after(body: str, env: dict | None = None) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", _MODULES.format(body=body)], check=True,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(env or {})}).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def _loaded(mods: set[str], names) -> list[str]:
+    return [n for n in names if n in mods or any(m.startswith(n + ".") for m in mods)]
+
+
+def test_import_of_the_cli_loads_nothing_heavy():
+    mods = _modules_after("import sim.cli\nimport sim")
+    assert _loaded(mods, HEAVY + NOT_NEEDED) == []
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("startup")
+    make_bundle(d / "profiles")
+    (d / "cluster.json").write_text(json.dumps(cluster_dict(300)))
+    (d / "w.jsonl").write_text("\n".join(json.dumps(
+        {"input_toks": 20 + i, "output_toks": 3, "arrival_time_ns": i * 1000,
+         "input_tok_ids": list(range(i, i + 20 + i))}) for i in range(5)) + "\n")
+    return d
+
+
+def test_llmsim_run_loads_nothing_it_does_not_use(run_files, tmp_path):
+    d = run_files
+    args = ["run", "--cluster", str(d / "cluster.json"), "--dataset", str(d / "w.jsonl"),
+            "--profiles", str(d / "profiles"), "--latency-provider", "measured",
+            "--output", str(tmp_path / "o.csv")]
+    body = f"from sim.cli import main\nassert main({args!r}) == 0"
+    env = {"LLMSIM_CACHE_DIR": str(tmp_path / "cache")}
+    first = _modules_after(body, env)   # parses the bundle, fills the cache
+    assert _loaded(first, HEAVY) == []
+    warm = _modules_after(body, env)
+    assert _loaded(warm, HEAVY + NOT_NEEDED) == []
+    assert (tmp_path / "o.csv").read_text().count("\n") == 6
+
+
+def test_the_chakra_enums_do_not_need_protobuf():
+    mods = _modules_after("import astrasim\nfrom astrasim.chakra import NodeType\n"
+                          "assert NodeType.COMP_NODE == 4")
+    assert _loaded(mods, ("google.protobuf",)) == []
+    mods = _modules_after("from astrasim import chakra\nassert chakra.Node(id=3).id == 3")
+    assert "google.protobuf" in mods
+
+
+def _sizes():
+    return [*range(1, 40), 127, 128, 129, 255, 256, 1000, 8191, 8192, 8193, 20001, 100003]
+
+
+@pytest.mark.parametrize("n", _sizes())
+def test_stats_are_numpys_bit_for_bit(n):
+    rng = random.Random(n)
+    cases = [
+        [rng.randint(0, 10**12) for _ in range(n)],                      # ns as ints
+        [rng.random() * 10 ** rng.randint(0, 12) for _ in range(n)],     # mixed magnitudes
+        [rng.choice([5_000_000, 7_250_001, 31_999_999]) for _ in range(n)],  # many ties
+    ]
+    for values in cases:
+        a = np.asarray(values, dtype=np.float64) / 1e6
+        want = {"mean": float(a.mean()),
+                **{f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES))}}
+        got = stats_ms(values)
+        assert got == want  # exact: not approx
+        assert all(type(v) is float for v in got.values())
+
+
+def test_stats_of_nothing_are_nan():
+    s = stats_ms([])
+    assert all(v != v for v in s.values()) and set(s) == {"mean", *(f"p{p}" for p in PERCENTILES)}
+    assert stats_ms(iter([2_000_000, 4_000_000]))["mean"] == 3.0
+
+
+@pytest.mark.parametrize("ids", [[1, -1, 2], [1, 2**63, 2], [1, 2.0, 3], [1, "2", 3],
+                                 [1, None, 3], [1, True, 3], [False, 1, 2], [1, [2], 3]])
+def test_token_ids_are_checked_element_by_element(ids):
+    from sim.errors import InputError
+    from sim.workload import parse_jsonl_lines
+
+    line = json.dumps({"input_toks": 3, "output_toks": 1, "input_tok_ids": ids})
+    with pytest.raises(InputError, match="input_tok_ids.*integer token ids >= 0"):
+        parse_jsonl_lines([line], "w.jsonl")
+    # and the largest id there is
+    ok = json.dumps({"input_toks": 3, "output_toks": 1, "input_tok_ids": [0, 2**63 - 1, 5]})
+    assert parse_jsonl_lines([ok], "w.jsonl").requests[0].input_ids == [0, 2**63 - 1, 5]
