@@ -1,7 +1,8 @@
 """dse: search the LLM-serving design space with Optuna, Ray and MLflow over ``sim``.
 
 ``dse search SPACE.yaml --out DIR`` runs (or resumes) a study: Optuna proposes knob values
-(NSGA-II by default for several objectives, SLOs as normalised constraints), a pool of
+(by default NSGA-II after an initial design, with local search around the front:
+``dse.sampling``; SLOs as normalised constraints), a pool of
 long-lived Ray actors simulates each configuration with ``sim.simulate``, and the driver,
 the only writer, tells Optuna (journal file ``DIR/study.journal``) and logs one MLflow
 child run per trial under one parent run (``sqlite:///DIR/mlflow.db`` by default). Results:
