@@ -1,0 +1,95 @@
+"""Time (and optionally profile) single dse trials in-process, as a search actor runs them.
+
+Each configuration of search_spaces/quickstart.yaml below is simulated through
+``dse.worker.evaluate`` with the actor's default backend (one astra-sim subprocess per
+instance network, kept across trials by the worker). ``--dump DIR`` writes each trial's
+per-request table and summary as JSON, so two checkouts' outputs can be compared byte for
+byte (``cmp``); ``--profile N`` prints the top N cProfile entries of one run of each.
+
+    PYTHONPATH=.:astra-sim python experiments/trial_cost.py --repeat 5 --dump /tmp/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "astra-sim")]
+
+from dse.config import make_trial_config  # noqa: E402
+from dse.space import load_space  # noqa: E402
+from dse.worker import _Workloads, evaluate  # noqa: E402
+
+#: representative trials: name -> knob values (the rest: the space's first value)
+CONFIGS = {
+    "tp1x8": {"tp": 1, "replicas": 8, "max_num_seqs": 128, "max_num_batched_tokens": 2048,
+              "enable_prefix_caching": True, "routing_policy": "LOAD"},
+    "tp8x1": {"tp": 8, "replicas": 1, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+              "enable_prefix_caching": True, "routing_policy": "LOAD"},
+    "tp2x4_mbt8192": {"tp": 2, "replicas": 4, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
+                      "enable_prefix_caching": False, "routing_policy": "RR"},
+    "tp4x2": {"tp": 4, "replicas": 2, "max_num_seqs": 32, "max_num_batched_tokens": 512,
+              "enable_prefix_caching": True, "routing_policy": "LOAD"},
+}
+
+#: summary fields that measure the host's wall clock, not the simulation
+WALL_CLOCK = ("wall_s", "speedup_vs_real_time")
+
+
+def run_one(space, params: dict, workloads, number: int):
+    cfg = make_trial_config(space, number, params)
+    task = {"number": number, "cluster": cfg.cluster, "options": cfg.options,
+            "default_backend": "subprocess"}
+    t0 = time.perf_counter()
+    res = evaluate(space, task, workloads)
+    wall = time.perf_counter() - t0
+    if res.error or res.rejected:
+        raise SystemExit(f"trial failed: {res.error or res.rejected}\n{res.traceback or ''}")
+    return res, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--space", default=str(ROOT / "search_spaces/quickstart.yaml"))
+    ap.add_argument("--provider", default=None, help="override simulator.latency_provider")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--dump", type=Path, default=None)
+    ap.add_argument("--profile", type=int, default=0)
+    args = ap.parse_args()
+    space = load_space(Path(args.space))
+    if args.provider:
+        space.simulator["latency_provider"] = args.provider
+    workloads = _Workloads()
+    names = args.only or list(CONFIGS)
+    run_one(space, CONFIGS[names[0]], workloads, 0)  # warm: workload, processes, imports
+    for name in names:
+        params = CONFIGS[name]
+        walls = []
+        for i in range(args.repeat):
+            res, wall = run_one(space, params, workloads, i + 1)
+            walls.append(wall)
+        print(f"{name:16s} median {statistics.median(walls) * 1e3:8.1f} ms  "
+              f"min {min(walls) * 1e3:8.1f} ms  (n={len(walls)})", flush=True)
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            summary = {k: v for k, v in res.summary.items() if k not in WALL_CLOCK}
+            out = {"summary": summary, "requests": res.requests, "slo": res.slo}
+            (args.dump / f"{name}.json").write_text(json.dumps(out, sort_keys=True, default=str))
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            run_one(space, params, workloads, 99)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()
