@@ -25,6 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "astra-sim")]
 
 from dse.config import make_trial_config  # noqa: E402
 from dse.space import load_space  # noqa: E402
+from dse import worker  # noqa: E402
 from dse.worker import _Workloads, evaluate  # noqa: E402
 
 #: representative trials: name -> knob values (the rest: the space's first value)
@@ -43,7 +44,17 @@ CONFIGS = {
 WALL_CLOCK = ("wall_s", "speedup_vs_real_time")
 
 
-def run_one(space, params: dict, workloads, number: int):
+def fresh_backends() -> None:
+    """Close the worker's backends: the next trial starts astra-sim processes and reuse
+    caches afresh (an actor's first trial)."""
+    for backend in worker._BACKENDS.values():
+        backend.close()
+    worker._BACKENDS.clear()
+
+
+def run_one(space, params: dict, workloads, number: int, fresh: bool = False):
+    if fresh:
+        fresh_backends()
     cfg = make_trial_config(space, number, params)
     task = {"number": number, "cluster": cfg.cluster, "options": cfg.options,
             "default_backend": "subprocess"}
@@ -63,6 +74,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--dump", type=Path, default=None)
     ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--fresh-backend", action="store_true",
+                    help="a new backend (astra-sim processes, reuse caches) for every trial")
     args = ap.parse_args()
     space = load_space(Path(args.space))
     if args.provider:
@@ -74,7 +87,7 @@ def main() -> None:
         params = CONFIGS[name]
         walls = []
         for i in range(args.repeat):
-            res, wall = run_one(space, params, workloads, i + 1)
+            res, wall = run_one(space, params, workloads, i + 1, args.fresh_backend)
             walls.append(wall)
         print(f"{name:16s} median {statistics.median(walls) * 1e3:8.1f} ms  "
               f"min {min(walls) * 1e3:8.1f} ms  (n={len(walls)})", flush=True)
@@ -86,7 +99,7 @@ def main() -> None:
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
-            run_one(space, params, workloads, 99)
+            run_one(space, params, workloads, 99, args.fresh_backend)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
 
