@@ -144,10 +144,10 @@ class KVCacheManager:
         self.num_blocks = num_blocks - 1  # usable blocks (vLLM reserves a null block)
         self.enable_prefix_caching = enable_prefix_caching
         self.ref = [0] * self.num_blocks
-        #: hash of each cached block (None: not cached)
-        self.block_hash: list[int | None] = [None] * self.num_blocks
+        #: hash of each cached block (absent: not cached)
+        self.block_hash: dict[int, int] = {}
         #: where a cached block's hash chain lives: (that request's hash list, index)
-        self.block_src: list[tuple[list[int], int] | None] = [None] * self.num_blocks
+        self.block_src: dict[int, tuple[list[int], int]] = {}
         #: hash -> the cached blocks holding it, first cached first
         self.cached: dict[int, dict[int, None]] = {}
         # LRU free queue of block ids (queue order = eviction order).
@@ -229,7 +229,7 @@ class KVCacheManager:
         self.cache_blocks(req, min(req.num_computed, req.num_tokens))
 
     def _evict(self, bid: int) -> None:
-        h = self.block_hash[bid]
+        h = self.block_hash.pop(bid, None)
         if h is None:
             return
         blocks = self.cached[h]
@@ -238,10 +238,10 @@ class KVCacheManager:
             del self.cached[h]
         if self.lower_tier is not None:
             # Evicted from the NPU: keep the block (and the path to it) in the lower tier.
-            hashes, i = self.block_src[bid]
+            hashes, i = self.block_src.pop(bid)
             self.lower_tier.insert_path(hashes[:i + 1])
-        self.block_hash[bid] = None
-        self.block_src[bid] = None
+        else:
+            del self.block_src[bid]
 
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
@@ -290,7 +290,7 @@ class KVCacheManager:
             popitem = free.recycled.popitem
             for _ in range(need):
                 bid, _ = popitem(last=False)
-                if block_hash[bid] is not None:
+                if bid in block_hash:
                     self._evict(bid)
                 ref[bid] = 1
                 append(bid)
