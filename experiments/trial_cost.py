@@ -66,12 +66,32 @@ def run_one(space, params: dict, workloads, number: int, fresh: bool = False):
     return res, wall
 
 
+def sample_grid(space, n: int, seed: int) -> dict:
+    """``n`` configurations of the grid that pass the pre-simulation check, at random."""
+    import random
+
+    from dse.config import precheck
+
+    grid = list(space.grid())
+    random.Random(seed).shuffle(grid)
+    out = {}
+    for params in grid:
+        if precheck(space, make_trial_config(space, 0, params)) is None:
+            out["-".join(f"{k}{v}" for k, v in sorted(params.items()))] = params
+            if len(out) == n:
+                break
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--space", default=str(ROOT / "search_spaces/quickstart.yaml"))
     ap.add_argument("--provider", default=None, help="override simulator.latency_provider")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--sample", type=int, default=0,
+                    help="instead: this many configurations drawn from the grid (--seed)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dump", type=Path, default=None)
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--fresh-backend", action="store_true",
@@ -81,10 +101,11 @@ def main() -> None:
     if args.provider:
         space.simulator["latency_provider"] = args.provider
     workloads = _Workloads()
-    names = args.only or list(CONFIGS)
-    run_one(space, CONFIGS[names[0]], workloads, 0)  # warm: workload, processes, imports
+    configs = sample_grid(space, args.sample, args.seed) if args.sample else CONFIGS
+    names = args.only or list(configs)
+    run_one(space, configs[names[0]], workloads, 0)  # warm: workload, processes, imports
     for name in names:
-        params = CONFIGS[name]
+        params = configs[name]
         walls = []
         for i in range(args.repeat):
             res, wall = run_one(space, params, workloads, i + 1, args.fresh_backend)
