@@ -30,6 +30,7 @@ Rules taken from vLLM (``kv_cache_manager.py``, ``block_pool.py``,
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import chain
 
 from sim.request import Request
 
@@ -77,6 +78,63 @@ def block_hashes(req: Request, block_size: int, n: int) -> list[int]:
     return hashes
 
 
+class FreeBlockQueue:
+    """The LRU free queue of block ids, built lazily.
+
+    A new pool's queue is every block in id order; freed blocks join at the tail and
+    allocation takes from the head. Blocks never handed out yet therefore always lead the
+    queue, in id order, ahead of every freed one: they are kept as the range
+    ``[next_fresh, end)`` and only the freed ones are materialised (an ordered dict, in
+    the order they were freed). Iteration, ``popleft`` and ``len`` see exactly the queue
+    a fully built one would hold."""
+
+    __slots__ = ("end", "next_fresh", "recycled")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.end = num_blocks
+        #: the lowest never-allocated block id (those from here to ``end`` are free)
+        self.next_fresh = 0
+        #: freed blocks, least recently freed first
+        self.recycled: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.end - self.next_fresh + len(self.recycled)
+
+    def __contains__(self, bid: int) -> bool:
+        return bid in self.recycled or self.next_fresh <= bid < self.end
+
+    def __iter__(self):
+        return chain(range(self.next_fresh, self.end), self.recycled)
+
+    def popleft(self) -> int:
+        """The head block, taken out of the queue."""
+        bid = self.next_fresh
+        if bid < self.end:
+            self.next_fresh = bid + 1
+            return bid
+        return self.recycled.popitem(last=False)[0]
+
+    def append(self, bid: int) -> None:
+        """Put a released block at the tail."""
+        self.recycled[bid] = None
+
+    def remove(self, bid: int) -> None:
+        """Take a block out of the queue wherever it is (a prefix hit reviving it)."""
+        if bid in self.recycled:
+            del self.recycled[bid]
+            return
+        if not self.next_fresh <= bid < self.end:
+            raise KeyError(bid)
+        if bid == self.next_fresh:
+            self.next_fresh += 1
+            return
+        # A never-used block from inside the range: materialise the whole queue.
+        rest = OrderedDict((b, None) for b in range(self.next_fresh, self.end) if b != bid)
+        rest.update(self.recycled)
+        self.recycled = rest
+        self.next_fresh = self.end
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
                  lower_tier: PrefixTier | None = None) -> None:
@@ -86,14 +144,14 @@ class KVCacheManager:
         self.num_blocks = num_blocks - 1  # usable blocks (vLLM reserves a null block)
         self.enable_prefix_caching = enable_prefix_caching
         self.ref = [0] * self.num_blocks
-        #: hash of each cached block (None: not cached)
-        self.block_hash: list[int | None] = [None] * self.num_blocks
+        #: hash of each cached block (absent: not cached)
+        self.block_hash: dict[int, int] = {}
         #: where a cached block's hash chain lives: (that request's hash list, index)
-        self.block_src: list[tuple[list[int], int] | None] = [None] * self.num_blocks
+        self.block_src: dict[int, tuple[list[int], int]] = {}
         #: hash -> the cached blocks holding it, first cached first
         self.cached: dict[int, dict[int, None]] = {}
-        # LRU free queue of block ids (insertion order = eviction order).
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
+        # LRU free queue of block ids (queue order = eviction order).
+        self.free = FreeBlockQueue(self.num_blocks)
         self.hit_tokens = 0
         self.queried_tokens = 0
         self.lower_tier = lower_tier if enable_prefix_caching else None
@@ -171,7 +229,7 @@ class KVCacheManager:
         self.cache_blocks(req, min(req.num_computed, req.num_tokens))
 
     def _evict(self, bid: int) -> None:
-        h = self.block_hash[bid]
+        h = self.block_hash.pop(bid, None)
         if h is None:
             return
         blocks = self.cached[h]
@@ -180,10 +238,10 @@ class KVCacheManager:
             del self.cached[h]
         if self.lower_tier is not None:
             # Evicted from the NPU: keep the block (and the path to it) in the lower tier.
-            hashes, i = self.block_src[bid]
+            hashes, i = self.block_src.pop(bid)
             self.lower_tier.insert_path(hashes[:i + 1])
-        self.block_hash[bid] = None
-        self.block_src[bid] = None
+        else:
+            del self.block_src[bid]
 
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
@@ -209,7 +267,7 @@ class KVCacheManager:
                 return False
             for b in hit_blocks:
                 if ref[b] == 0:
-                    del free[b]
+                    free.remove(b)
                 ref[b] += 1
             req.block_ids = list(hit_blocks)
             req.cached_hashes = len(hit_blocks)
@@ -220,9 +278,19 @@ class KVCacheManager:
         if need > 0:
             block_hash = self.block_hash
             append = req.block_ids.append
+            fresh = free.end - free.next_fresh
+            if fresh:
+                # never-used blocks first: nothing cached in them to evict
+                take = need if need < fresh else fresh
+                lo = free.next_fresh
+                free.next_fresh = lo + take
+                ref[lo:lo + take] = [1] * take
+                req.block_ids.extend(range(lo, lo + take))
+                need -= take
+            popitem = free.recycled.popitem
             for _ in range(need):
-                bid, _ = free.popitem(last=False)
-                if block_hash[bid] is not None:
+                bid, _ = popitem(last=False)
+                if bid in block_hash:
                     self._evict(bid)
                 ref[bid] = 1
                 append(bid)
@@ -237,11 +305,11 @@ class KVCacheManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
-        free, ref = self.free, self.ref
+        recycled, ref = self.free.recycled, self.ref
         for bid in reversed(block_ids):
             ref[bid] -= 1
             if ref[bid] == 0:
-                free[bid] = None
+                recycled[bid] = None
 
     def free_request(self, req: Request) -> None:
         self.free_blocks(req.block_ids)

@@ -272,6 +272,9 @@ class AicProvider(LatencyProvider):
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._dense_memo: dict[int, tuple] = {}
+        #: tokens -> (prologue sum, block sum without attention/moe, attention and moe
+        #: layers per block): ``iteration_ns`` without building the layer list
+        self._sum_memo: dict[int, tuple[int, int, int, int]] = {}
 
     # ------------------------------------------------------------------ construction
     def _op_lists(self, path: str, moe_kw: dict):
@@ -458,9 +461,30 @@ class AicProvider(LatencyProvider):
             for n in HEAD_PER_SEQUENCE)
         return LayerTimes(prologue, block, head, self.model.num_hidden_layers)
 
+    def _dense_sums(self, t: int) -> tuple[int, int, int, int]:
+        """``_dense_parts(t)`` summed: (prologue, the block's fixed layers, its attention
+        layers, its moe layers); memoised as ``_dense_parts`` is (same lookups noted)."""
+        sums = self._sum_memo.get(t)
+        if sums is None:
+            prologue, block = self._dense_parts(t)
+            sums = (sum(ns for _, ns in prologue),
+                    sum(ns for _, ns in block if ns is not None),
+                    sum(1 for n, _ in block if n == "attention"),
+                    sum(1 for n, _ in block if n == "moe"))
+            if t <= self._max_tokens:
+                self._sum_memo[t] = sums
+        return sums
+
     def iteration_ns(self, shape: BatchShape) -> int:
-        """Whole-iteration compute time on one NPU."""
-        return self.layer_times(shape).total_ns()
+        """Whole-iteration compute time on one NPU: ``layer_times(shape).total_ns()``,
+        summed from memoised per-token-count sums (integers, so the same total)."""
+        t = shape.num_tokens
+        pro, fixed, n_attn, n_moe = self._dense_sums(t)
+        attn = max(1, int(self.attention_ns(shape)))
+        moe = self.moe_ns(t) if self.model.is_moe else 0
+        head = len(HEAD_DENSE) + sum(max(1, int(self._lm(shape.num_seqs))) if n == "lm_head"
+                                     else 1 for n in HEAD_PER_SEQUENCE)
+        return pro + self.model.num_hidden_layers * (fixed + n_attn * attn + n_moe * moe) + head
 
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)

@@ -84,6 +84,22 @@ def test_moe_model():
     assert p.moe_ns(2048, 128) > p.moe_ns(16, 64) > 0
 
 
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"])
+def test_iteration_ns_is_the_sum_of_layer_times(model):
+    """The memoised per-token-count sums give the layer list's total, on and off the
+    tables (past their token and sequence range), with the same lookups noted."""
+    fast = AicProvider(load_model(model), "H100-SXM", 1)
+    slow = AicProvider(load_model(model), "H100-SXM", 1)
+    big = fast._max_tokens + 700
+    shapes = [BatchShape(num_tokens=n + c, num_seqs=n + (c > 0), prefill_tokens=c,
+                         prefill_kv=3 * c, num_decode=n, decode_kv_sum=n * (500 + 37 * n))
+              for n in (1, 7, 64, 255, 1100) for c in (0, 256, big)]
+    for s in shapes + shapes:  # twice: memo hits too
+        assert fast.iteration_ns(s) == slow.layer_times(s).total_ns()
+    assert list(fast.extrapolations().items()) == list(slow.extrapolations().items())
+    assert fast.extrapolations()  # the off-table shapes were noted
+
+
 def test_per_iteration_calls_are_fast(llama):
     shapes = [BatchShape(num_tokens=n + c, num_seqs=n + (c > 0), prefill_tokens=c,
                          num_decode=n, decode_kv_sum=n * (500 + 37 * n))

@@ -18,7 +18,7 @@ class FakeSched:
         self.running = [object()] * running
         self.kv = KVCacheManager(11, 16, False)
         for _ in range(used_blocks):
-            self.kv.free.popitem(last=False)
+            self.kv.free.popleft()
 
     def load(self) -> int:  # the real Scheduler.load formula
         return len(self.waiting) * 4 + len(self.running)
