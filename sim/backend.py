@@ -265,6 +265,41 @@ def _scratch_root() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
+#: a subprocess backend's scratch folder: ``<prefix><owner pid>-<random>``
+SCRATCH_PREFIX = "llmsim-astra-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: alive
+        return True
+    return True
+
+
+def sweep_orphaned_scratch(root: str | None) -> int:
+    """Remove the scratch folders of subprocess backends whose process has died (a Ray actor
+    killed at a search's end never runs ``close``); the number removed. Folders without an
+    owner pid in their name are left alone."""
+    import shutil
+    import tempfile
+
+    base = Path(root or tempfile.gettempdir())
+    removed = 0
+    try:
+        entries = list(base.glob(f"{SCRATCH_PREFIX}*-*"))
+    except OSError:
+        return 0
+    for folder in entries:
+        owner = folder.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not _pid_alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def _libc_sched_getcpu():
     """glibc's ``sched_getcpu`` (the CPU the calling thread runs on), or None."""
     if not hasattr(os, "sched_setaffinity"):
@@ -333,7 +368,9 @@ class AstraSubprocessBackend(_GraphBackend):
         # module's import, which every `llmsim run` pays)
         import tempfile
 
-        self.workdir = Path(tempfile.mkdtemp(prefix="llmsim-astra-", dir=_scratch_root()))
+        root = _scratch_root()
+        sweep_orphaned_scratch(root)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
         self._procs: dict[str, tuple[subprocess.Popen, Path]] = {}
         #: processes started (a restart after a crash counts)
         self.starts = 0

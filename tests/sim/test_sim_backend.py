@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -273,3 +274,44 @@ def test_cli_backends_and_reuse_flag_give_the_same_requests(tmp_path):
         tables.append(out.read_text())
     assert tables[0] == tables[1] == tables[2]
     assert tables[0].count("\n") == 13
+
+
+def test_a_dead_backends_scratch_folder_is_swept_by_the_next_one(tmp_path):
+    """A Ray actor killed at a search's end never closes its subprocess backend, so its
+    scratch folder (in RAM under /dev/shm) used to stay behind: hundreds after a day of
+    searches. The next backend removes the folders whose owner process is gone."""
+    import subprocess
+    import sys
+
+    from sim.backend import SCRATCH_PREFIX, sweep_orphaned_scratch
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"{SCRATCH_PREFIX}{dead.pid}-abc"
+    mine = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    unnamed = tmp_path / f"{SCRATCH_PREFIX}xyz123"  # an old folder: no owner to check
+    for folder in (gone, mine, unnamed):
+        (folder / "net0-0").mkdir(parents=True)
+    assert sweep_orphaned_scratch(str(tmp_path)) == 1
+    assert not gone.exists() and mine.exists() and unnamed.exists()
+
+
+def test_a_subprocess_backend_names_its_folder_by_pid_and_sweeps_on_start(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import sim.backend as backend_module
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"{backend_module.SCRATCH_PREFIX}{dead.pid}-abc"
+    gone.mkdir()
+    monkeypatch.setattr(backend_module, "_scratch_root", lambda: str(tmp_path))
+    b = backend_module.AstraSubprocessBackend()
+    try:
+        assert not gone.exists()
+        assert b.workdir.parent == tmp_path
+        assert b.workdir.name.startswith(f"{backend_module.SCRATCH_PREFIX}{os.getpid()}-")
+    finally:
+        b.close()
+    assert not b.workdir.exists()
