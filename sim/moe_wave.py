@@ -160,6 +160,8 @@ class MoEWave:
         #: sharded over dp * tp ranks); raises InputError when none covers it
         self.flat_provider = flat_provider
         self._exchange: dict[tuple, int] = {}
+        #: (member instance ids, npus) -> Topology: a group's network is fixed for a run
+        self._networks: dict[tuple, object] = {}
         self._tp_swap: dict[tuple, int] = {}
         self._flat: dict[tuple, object] = {}
         #: when a list, every wave's WaveStep is appended (for breakdown reports)
@@ -282,7 +284,10 @@ class MoEWave:
         width = model.dtype_bytes
         hidden = model.hidden_size * width
         logits = model.num_experts * width
-        network = self.network([m.config for m in members], n)
+        group = (tuple(m.config.instance_id for m in members), n)
+        network = self._networks.get(group)
+        if network is None:
+            network = self._networks[group] = self.network([m.config for m in members], n)
         if kind == "allgather_reducescatter":
             # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
             # (sizes are the whole gathered buffer; unequal shares cost the largest one)

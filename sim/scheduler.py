@@ -270,10 +270,7 @@ class Scheduler:
                 req.first_scheduled_ns = now
                 req.prefix_hit = hit_tokens + lower_tokens
                 req.lower_hit = lower_tokens
-            req.status = RUNNING
-            running.append(req)
-            reqs.append(req)
-            news.append(n)
+            self._start_running(req, n, reqs, news)
             budget -= n
         return tier_bytes
 
@@ -291,12 +288,17 @@ class Scheduler:
             if not self.kv.allocate(req, n):
                 break
             self.receiving.remove(req)
-            req.status = RUNNING
-            running.append(req)
-            reqs.append(req)
-            news.append(n)
+            self._start_running(req, n, reqs, news)
             budget -= n
         return budget
+
+    def _start_running(self, req: Request, n: int, reqs: list[Request],
+                       news: list[int]) -> None:
+        """``req`` joins the running set and this step's batch with ``n`` new tokens."""
+        req.status = RUNNING
+        self.running.append(req)
+        reqs.append(req)
+        news.append(n)
 
     def _admit_remote(self, req: Request) -> bool:
         """Admit a request whose prompt KV arrives from a prefill instance: blocks for the

@@ -31,6 +31,17 @@ ATTN_ND = (0, 16, 256)
 ATTN_KD = (0, 1024, 8192)
 
 
+#: a node power block (LLMServingSim's format) for H100-SXM nodes
+POWER = {"base_node_power": 60,
+         "npu": {"H100-SXM": {"idle_power": 70, "standby_power": 300, "active_power": 700,
+                              "standby_duration": 18}},
+         "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
+         "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
+         "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
+         "nic": {"num_nics": 1, "idle_power": 20},
+         "storage": {"num_devices": 2, "idle_power": 5}}
+
+
 def dense_us(tokens: float) -> float:
     """Time (us) of every dense layer of the synthetic bundle."""
     return 1.0 + 0.001 * tokens

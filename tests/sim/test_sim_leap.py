@@ -22,7 +22,7 @@ import sim.engine
 from sim.latency.base import BatchShape
 from sim.request import Request
 from sim.workload import parse_jsonl_lines
-from sim_testkit import cluster_dict, opts_for
+from sim_testkit import POWER, cluster_dict, opts_for
 
 REQUEST_FIELDS = ("rid", "instance_id", "arrival_ns", "queued_ns", "first_scheduled_ns",
                   "first_token_ns", "last_token_ns", "finish_ns", "num_output", "num_computed",
@@ -128,14 +128,6 @@ def test_leaps_under_preemption_pressure(bundle_root, monkeypatch):
 
 H100 = {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
         "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0}, "num_npus": 1, "tp_size": 1}
-POWER = {"base_node_power": 60,
-         "npu": {"H100-SXM": {"idle_power": 70, "standby_power": 300, "active_power": 700,
-                              "standby_duration": 18}},
-         "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
-         "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
-         "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
-         "nic": {"num_nics": 1, "idle_power": 20},
-         "storage": {"num_devices": 2, "idle_power": 5}}
 
 
 def _cluster(instances: list[dict], power: bool = False) -> sim.ClusterConfig:

@@ -12,15 +12,8 @@ from hypothesis import strategies as st
 
 import sim
 from sim.workload import parse_jsonl_lines
+from sim_testkit import POWER
 
-POWER = {"base_node_power": 60,
-         "npu": {"H100-SXM": {"idle_power": 70, "standby_power": 300, "active_power": 700,
-                              "standby_duration": 18}},
-         "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
-         "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
-         "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
-         "nic": {"num_nics": 1, "idle_power": 20},
-         "storage": {"num_devices": 2, "idle_power": 5}}
 
 
 def _cluster(nodes=1, tp=1, power=True, partial=False):

@@ -85,23 +85,28 @@ def test_bidirectional_looking_link_and_zero_latency_warn(caplog):
     assert check_links(_cluster()) == []
 
 
-def test_the_cli_prints_the_link_warning_and_still_runs(tmp_path):
+def _llmsim_run(tmp_path, **top):
+    """``llmsim run`` (a subprocess) of one short request on a TP2 H100 instance, with the
+    cluster file's top-level fields ``top``."""
     import json
     import subprocess
     import sys
 
-    cluster = {"num_nodes": 1, "link_bw": 900, "link_latency": 0, "nodes": [{
-        "num_instances": 1, "instances": [{
-            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
-            "num_npus": 2, "tp_size": 2}]}]}
+    cluster = {"num_nodes": 1, **top, "nodes": [{"num_instances": 1, "instances": [{
+        "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+        "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+        "num_npus": 2, "tp_size": 2}]}]}
     (tmp_path / "c.json").write_text(json.dumps(cluster))
     (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 64, "output_toks": 4,
                                                   "arrival_time_ns": 0}) + "\n")
-    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
-                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
-                        "--output", str(tmp_path / "out.csv")],
-                       capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([sys.executable, "-m", "sim", "run", "--cluster",
+                           str(tmp_path / "c.json"), "--dataset", str(tmp_path / "w.jsonl"),
+                           "--latency-provider", "roofline", "--output", str(tmp_path / "o.csv")],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_cli_prints_the_link_warning_and_still_runs(tmp_path):
+    p = _llmsim_run(tmp_path, link_bw=900, link_latency=0)
     assert p.returncode == 0, p.stderr
     assert "bidirectional" in p.stderr and "latency 0" in p.stderr
     assert "Traceback" not in p.stderr
@@ -130,21 +135,7 @@ def test_unknown_hardware_needs_the_cluster_links():
     ({"link_bw": [1, 2, 3]}, "field 'link_bw' must be"),
 ])
 def test_bad_network_fields_exit_2_with_one_line(tmp_path, top, fragment):
-    import json
-    import subprocess
-    import sys
-
-    cluster = {"num_nodes": 1, **top, "nodes": [{"num_instances": 1, "instances": [{
-        "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-        "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
-        "num_npus": 2, "tp_size": 2}]}]}
-    (tmp_path / "c.json").write_text(json.dumps(cluster))
-    (tmp_path / "w.jsonl").write_text(json.dumps({"input_toks": 8, "output_toks": 2,
-                                                  "arrival_time_ns": 0}) + "\n")
-    p = subprocess.run([sys.executable, "-m", "sim", "run", "--cluster", str(tmp_path / "c.json"),
-                        "--dataset", str(tmp_path / "w.jsonl"), "--latency-provider", "roofline",
-                        "--output", str(tmp_path / "o.csv")],
-                       capture_output=True, text=True, timeout=120, check=False)
+    p = _llmsim_run(tmp_path, **top)
     assert p.returncode == 2
     assert fragment in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
