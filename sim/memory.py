@@ -38,6 +38,11 @@ MiB = 1 << 20
 # the sorted values (4) and their int64 indices (8), the top-k mask (1), softmax of the
 # sorted values (4) and its cumulative sum (4), the top-p mask (1), and the scattered-back
 # result (4). All are alive together when the scatter runs.
+# This is the sort path of vLLM <= 0.16; vLLM 0.19 runs the Triton top-k/top-p kernel
+# (about half this peak; experiments/vllm_memory_audit.py derives it and checks it against
+# vLLM 0.19.0 logs). It is kept with NON_TORCH_BASE_BYTES below because the two together
+# give the RTX 4090 run's block count and the 0.19 non-torch term is not yet measured on
+# that card (the audit shows the 0.60 GiB it would take); switching one alone does not.
 SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
 
 # Memory a worker holds outside PyTorch's allocator once it has run a forward pass:
