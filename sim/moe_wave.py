@@ -51,7 +51,7 @@ memoised by size, as decode steps repeat them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 
 from astrasim import GraphBuilder
@@ -183,7 +183,10 @@ class MoEWave:
             if cap is None:
                 cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
             padded = dp_padded_tokens([s.num_tokens for s in own], cap)
-            own = [BatchShape(p, *_fields(s)[1:]) for s, p in zip(own, padded)]
+            # the padding is for the MoE layers and their exchange (num_tokens_across_dp);
+            # each rank's attention stays its own varlen batch (prefill_work kept)
+            own = [s if p == s.num_tokens else replace(s, num_tokens=p)
+                   for s, p in zip(own, padded)]
         sp = sequence_parallel_moe(opts.all2all_backend, dp, lead.tp, lead.config.ep_size)
         parts = [_rank_parts(self.backend, m, s, r) for m, s, r in zip(members, own, real)]
         if sp:
@@ -326,11 +329,6 @@ def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
         if not out[m]:
             out[m] = per_ep_rank[m * ep // dp]
     return out
-
-
-def _fields(s: BatchShape) -> tuple:
-    return (s.num_tokens, s.num_seqs, s.prefill_tokens, s.prefill_kv, s.num_decode,
-            s.decode_kv_sum, s.decode_kv_max, s.decode_kv_min)
 
 
 def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,
