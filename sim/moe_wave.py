@@ -14,7 +14,10 @@ its tokens, then the MoE layer, whose exchange depends on ``all2all_backend``:
 
 - ``allgather_reducescatter`` (vLLM 0.19's default): before the experts an all-gather over
   the DP group of every rank's hidden states and router logits, after them a
-  reduce-scatter of the expert outputs of all the gathered tokens;
+  reduce-scatter of the expert outputs of all the gathered tokens (the unquantized MoE
+  method's naive dispatch: ``dispatch_router_logits`` / ``combine``, pynccl on the compute
+  stream, in the model's dtype; with unequal token counts, eager waves, vLLM groups one
+  broadcast / reduce per root, which the all-gather at the largest share bounds below);
 - ``naive``: each DP rank in turn broadcasts its hidden states and router logits, and
   the outputs are combined by an all-reduce of all the gathered tokens;
 - ``deepep_high_throughput`` / ``deepep_low_latency``: an all-to-all that sends each
