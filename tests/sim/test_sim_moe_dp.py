@@ -515,3 +515,19 @@ def test_dp_padding_keeps_each_ranks_varlen_prefill_attention():
     padded = replace(small, num_tokens=104)
     assert step.ranks[0].attention_ns == layers * max(1, int(inst.provider.attention_ns(padded)))
     s.close()
+
+
+def test_eager_wave_exchanges_each_ranks_own_tokens_at_the_largest_share():
+    # vLLM 0.19 (AgRsAll2AllManager): with every rank in CUDA-graph mode the token counts are
+    # padded to one size and dispatch/combine are ncclAllGather / ncclReduceScatter of that
+    # size; with a rank in eager mode each rank keeps its own count and pynccl groups one
+    # broadcast / reduce per root (all_gatherv / reduce_scatterv). The exchange is then the
+    # all-gather at the largest share and the reduce-scatter of all the gathered tokens.
+    s, gate = _wave(_cluster())
+    model = s.instances[0].model
+    step = s.moe_wave.step(s.instances, [_decode(128), BatchShape(1100, 101, 1000, 0, 100, 100 * 1000,
+                                                                  1000, 1000)], gate)
+    assert [r.tokens for r in step.ranks] == [128, 1100]  # eager: no DP padding
+    per_layer = _ag_rs_ns(s, 2, 1100, model)
+    assert all(r.comm_ns == model.num_hidden_layers * per_layer for r in step.ranks)
+    s.close()
