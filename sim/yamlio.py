@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.cache import cached
-from sim.errors import InputError
+from sim.errors import InputError, read_text_input
 
 
 def safe_load(text: str):
@@ -20,6 +20,14 @@ def safe_load(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def yaml_problem(exc: Exception) -> str:
+    """A YAML parse error in one line: where (line, column) and what PyYAML found."""
+    mark = getattr(exc, "problem_mark", None)
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["?"])[0]
+    return at + " ".join(str(problem).split())
+
+
 def load_yaml_files(kind: str, files: list[Path]) -> list:
     """The documents of ``files`` in order (each parsed as :func:`safe_load`), from the
     cache when none has changed. A malformed file raises InputError naming it."""
@@ -28,10 +36,14 @@ def load_yaml_files(kind: str, files: list[Path]) -> list:
 
         docs = []
         for f in files:
+            text = read_text_input(f, f"a {kind} entry", "a YAML")
             try:
-                docs.append(safe_load(Path(f).read_text()))
+                docs.append(safe_load(text))
             except yaml.YAMLError as exc:
-                raise InputError(f"malformed YAML: {exc}", source=str(f)) from None
+                raise InputError(f"malformed YAML ({yaml_problem(exc)})", source=str(f)) \
+                    from None
+            except RecursionError:
+                raise InputError("malformed YAML (nested too deeply)", source=str(f)) from None
         return docs
 
     return cached(kind, files, build)
