@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from sim.errors import InputError, unknown_name
+from sim.errors import InputError, unique_keys, unknown_name
 from sim.paths import profiles_root
 from sim.yamlio import load_yaml_files
 
@@ -337,17 +337,6 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
     return spec
 
 
-def _unique_keys(pairs: list) -> dict:
-    """A JSON object's pairs as a dict; a key given twice is refused (the second would
-    silently replace the first)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"key {dup!r} appears twice in one JSON object; give it once")
-    return out
-
-
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """Build a spec from a Hugging Face ``config.json``."""
     from sim.errors import read_text_input
@@ -355,7 +344,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     text = read_text_input(path, "a model config", "a JSON")
     try:
-        cfg = json.loads(text, object_pairs_hook=_unique_keys)
+        cfg = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise InputError(f"malformed JSON ({exc.msg}: line {exc.lineno} column {exc.colno})",
                          source=str(path)) from None

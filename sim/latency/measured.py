@@ -42,7 +42,7 @@ from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, Late
                               LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
-from sim.yamlio import safe_load, yaml_problem
+from sim.yamlio import strict_load, yaml_problem
 
 VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
 #: provider attributes :meth:`MeasuredProvider._build` makes that are plain data as they are
@@ -312,7 +312,7 @@ class MeasuredProvider(LatencyProvider):
         meta_path = self.root / "meta.yaml"
         text = read_text_input(meta_path, "bundle metadata", "a YAML")
         try:
-            self.meta = safe_load(text) or {}
+            self.meta = strict_load(text) or {}
         except yaml.YAMLError as exc:
             raise InputError(f"malformed YAML ({yaml_problem(exc)})",
                              source=str(meta_path)) from None
