@@ -296,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"dse: error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except OSError as exc:  # a file or folder that cannot be written (or read) now
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"dse: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except MemoryError:
+        print(f"dse: error: out of memory running `dse {a.cmd}`: the space or its workload "
+              "asks for more than this machine holds", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
         print("dse: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
