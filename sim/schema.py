@@ -116,15 +116,21 @@ def _bool_check(v: Any) -> Any:
 Bool = Annotated[Any, BeforeValidator(_bool_check), Rule("true or false")]
 
 
-def _text_check(v: Any) -> Any:
-    if v is None:
-        return DEFAULT
-    if not isinstance(v, str) or not v:
-        raise fail(f"must be a non-empty string, got {v!r}")
-    return v
+def text(*, required: bool = False) -> Any:
+    """A non-empty string; null takes the default (``required``: refused)."""
+    def check(v: Any) -> Any:
+        if v is None:
+            if required:
+                raise fail("required")
+            return DEFAULT
+        if not isinstance(v, str) or not v:
+            raise fail(f"must be a non-empty string, got {v!r}")
+        return v
+
+    return Annotated[Any, BeforeValidator(check), Rule("a non-empty string")]
 
 
-Text = Annotated[Any, BeforeValidator(_text_check), Rule("a non-empty string")]
+Text = text()
 
 
 class Section(BaseModel):
@@ -134,10 +140,16 @@ class Section(BaseModel):
 
     @model_validator(mode="after")
     def _null_is_default(self):
-        for name, f in type(self).model_fields.items():
-            if getattr(self, name) is DEFAULT:
-                object.__setattr__(self, name, f.get_default(call_default_factory=True))
-        return self
+        return fill_defaults(self)
+
+
+def fill_defaults(model: BaseModel) -> BaseModel:
+    """``model`` with its null fields set to their defaults (a subclass's own after-validator
+    calls it first: the order of after-validators is not the subclass's to choose)."""
+    for name, f in type(model).model_fields.items():
+        if getattr(model, name) is DEFAULT:
+            object.__setattr__(model, name, f.get_default(call_default_factory=True))
+    return model
 
 
 # ---------------------------------------------------------------- errors
