@@ -348,7 +348,7 @@ def markdown_reference() -> str:
 
 
 def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
-    options = {n: o for n, _, _, o in declarations()}
+    options = {n: (o, kind == "bool") for n, kind, _, o in declarations()}
     for name, f in model.model_fields.items():
         ann = annotation_at(model, (name,))
         origin = getattr(ann, "__origin__", None)
@@ -362,9 +362,9 @@ def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
             accepts = "mapping"
         default = reference_default(f)
         shown = "" if default is None or sub is not None else f"`{default!r}`"
-        spec = vllm_arg(f) or (options[name].vllm if model is Instance and name in
-                               INSTANCE_OPTIONS else None)
-        vllm = f"`{spec.spelled()}`" if spec is not None else ""
+        option = options[name] if model is Instance and name in INSTANCE_OPTIONS else None
+        spec = vllm_arg(f) or (option[0].vllm if option else None)
+        vllm = f"`{spec.spelled(bool(option and option[1]))}`" if spec is not None else ""
         meaning = (f.description or "").replace("|", "\\|")
         rows.append(f"| `{path}` | {accepts} | {shown} | {vllm} | {meaning} |")
         if sub is not None:

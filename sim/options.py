@@ -102,12 +102,16 @@ class VllmArg:
                                               else [])
         return [self.flag, str(value)]
 
-    def spelled(self) -> str:
-        """The flag as the reference shows it."""
-        if self.special:
-            alt = ", ".join(" ".join(a) for _, a in self.special)
-            return f"{self.flag} ({alt} for {', '.join(repr(v) for v, _ in self.special)})"
-        return self.flag
+    def spelled(self, boolean: bool = False) -> str:
+        """The flag as the reference shows it (``boolean``: the value is true or false)."""
+        out = self.flag
+        if boolean and self.negatable and not self.switch:
+            out += f" / --no-{self.flag[2:]}"
+        notes = [f"{' '.join(args)} for {v!r}" for v, args in self.special]
+        left_out = [repr(v) for v in self.omit if v is not None]
+        if left_out:
+            notes.append(f"left out for {', '.join(left_out)}")
+        return out + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @dataclass(frozen=True)
@@ -442,7 +446,7 @@ def markdown_reference() -> str:
             knob = "yes: " + ", ".join(map(str, opt.knob.values))
         else:
             knob = "yes" if opt.knob is not None else ""
-        vllm = f"`{opt.vllm.spelled()}`" if opt.vllm is not None else ""
+        vllm = f"`{opt.vllm.spelled(kind == 'bool')}`" if opt.vllm is not None else ""
         cells = [f"`{name}`", f"`{flag}`" if flag else "", opt.scope if opt.scope == INSTANCE
                  else "", knob, vllm, f"`{default!r}`", allowed, opt.help.replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
