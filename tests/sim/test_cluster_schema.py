@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sim_testkit import cluster_dict
+from sim_testkit import POWER, cluster_dict
 
 import sim
 from sim.cli import main
@@ -86,13 +86,6 @@ def _del(*where):
 
 
 I = ("nodes", 0, "instances", 0)  # noqa: E741 - the first instance
-POWER = {"base_node_power": 60,
-         "npu": {"H100-SXM": {"idle_power": 60, "active_power": 700, "standby_power": 300,
-                              "standby_duration": 18}},
-         "cpu": {"idle_power": 10, "active_power": 200, "util": 0.15},
-         "dram": {"dimm_size": 32, "idle_power": 2.0, "energy_per_bit": 6.0},
-         "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
-         "nic": {"num_nics": 1, "idle_power": 20}, "storage": {"num_devices": 2, "idle_power": 5}}
 
 
 def _with_power(*where, value=None, drop=False):
