@@ -204,3 +204,61 @@ def test_base_space_is_valid(tmp_path, capsys):
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(copy.deepcopy(BASE_SPACE)))
     assert main(["check", str(p)]) == 0, capsys.readouterr().err
+
+
+# ------------------------------------------------------------ SIGTERM during a search
+def test_sigterm_stops_a_search_cleanly_and_it_resumes(tmp_path):
+    """SIGTERM ends ``dse search`` as Ctrl-C does (exit 130, one line saying how to
+    resume, no traceback), and the same command then completes the study. Before, Python
+    died of the signal at once (exit -15) with the MLflow parent run left RUNNING."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+    from mlflow.tracking import MlflowClient
+    from optuna.trial import TrialState
+
+    from dse.store import open_storage
+
+    def counted(out):
+        try:
+            trials = optuna.load_study(study_name="t", storage=open_storage(out)).get_trials()
+        except Exception:  # noqa: BLE001 - the journal is not there yet
+            return 0
+        return sum(t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs
+                   for t in trials)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    n = 4
+    slow = {"generate": {"num_requests": 1000, "rate": 40, "seed": 0,
+                         "input": {"kind": "uniform", "low": 256, "high": 2048},
+                         "output": {"kind": "uniform", "low": 64, "high": 256}}}
+    path = write_space(tmp_path, workload=slow,
+                       search={"sampler": "random", "n_trials": n, "seed": 3})
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dse.cli", "search", str(path), "--out", str(out),
+           "--workers", "0", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not counted(out):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "rerun the same command to resume" in err, err
+    meta = json.loads((out / "study.json").read_text())
+    runs = MlflowClient(meta["tracking_uri"]).search_runs([meta["experiment_id"]])
+    parents = [r for r in runs if not r.data.tags.get("mlflow.parentRunId")]
+    assert [r.info.status for r in parents] == ["KILLED"]
+
+    rerun = subprocess.run(cmd, env=env, check=False, capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert counted(out) == n
