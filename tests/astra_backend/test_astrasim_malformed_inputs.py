@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 NET = "topology: [ Ring, Switch ]\nnpus_count: [ 2, 2 ]\nbandwidth: [ 100.0, 25.0 ]\nlatency: [ 300.0, 900.0 ]\n"
+NET_BYTES = NET.encode()
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def wl(tmp_path_factory):
     return d
 
 
-def _run(tmp_path, wl, net=NET.encode(), system=b"{}", memory=b"{}", prefix=None):
+def _run(tmp_path, wl, net=NET_BYTES, system=b"{}", memory=b"{}", prefix=None):
     for name, data in (("net.yml", net), ("sys.json", system), ("mem.json", memory)):
         (tmp_path / name).write_bytes(data)
     return main([f"--workload-configuration={prefix or wl / 'wl' / 'it'}",
