@@ -553,14 +553,9 @@ def test_subprocess_llmsim_compare_and_model_config(tmp_path):
         assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-# --------------------------------------------------- cluster-file holes (other owner)
-# The cluster loader (sim/cluster.py -> sim/cluster_schema.py) belongs to the schema work;
-# these holes are left to it and recorded here as strict xfails (they pass once fixed:
-# sim.errors.unique_keys and sim.yamlio.strict_load are the helpers the other loaders use).
-_CLUSTER_HOLES = "cluster loader owned by the schema branch; hole reported, not fixed here"
+# --------------------------------------------------- cluster files
 
 
-@pytest.mark.xfail(strict=True, reason=_CLUSTER_HOLES + ": a key given twice keeps the last")
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_cluster_key_given_twice_is_refused(d, tmp_path, suffix, capsys, monkeypatch):
     monkeypatch.setattr(sim, "simulate", _no_simulation)
@@ -575,7 +570,6 @@ def test_cluster_key_given_twice_is_refused(d, tmp_path, suffix, capsys, monkeyp
     assert_one_line(capsys, rc, "llmsim", ["'max_num_seqs' appears twice"])
 
 
-@pytest.mark.xfail(strict=True, reason=_CLUSTER_HOLES + ": a YAML syntax error has no line")
 def test_cluster_yaml_syntax_error_names_the_line(d, tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("num_nodes: 1\nnodes:\n\t- x\n")
     rc = main(["run", "--cluster", str(tmp_path / "c.yaml"), "--dataset", str(d / "w.jsonl"),
