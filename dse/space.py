@@ -94,6 +94,10 @@ def _allowed(names) -> str:
 
 
 # ---------------------------------------------------------------- domains
+# A range with more values than this is never listed: it is sampled as a continuous one.
+ENUMERABLE_VALUES = 100_000
+
+
 @dataclass(frozen=True)
 class Domain:
     """A knob's domain: fixed value, categorical list, or int/float range."""
@@ -109,15 +113,38 @@ class Domain:
     def fixed(self) -> bool:
         return self.kind == "fixed" or (self.kind == "choice" and len(self.values) == 1)
 
+    def size(self) -> int | None:
+        """How many values the domain holds, counted without listing them (None: a
+        continuous or log range)."""
+        if self.kind in ("fixed", "choice"):
+            return len(self.values)
+        if self.kind == "int" and not self.log:
+            return max(0, (int(self.high) - int(self.low)) // int(self.step or 1) + 1)
+        if self.kind == "float" and self.step and not self.log:
+            return round((self.high - self.low) / self.step) + 1
+        return None
+
     def finite_values(self) -> list | None:
+        """The domain's values in order; None for a continuous or log range, and for a
+        range too long to list (it is sampled like a continuous one: listing a range of
+        10^9 integers would take tens of GB)."""
+        n = self.size()
+        if n is None or n > ENUMERABLE_VALUES:
+            return None
         if self.kind in ("fixed", "choice"):
             return list(self.values)
-        if self.kind == "int" and not self.log:
+        if self.kind == "int":
             return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
-        if self.kind == "float" and self.step and not self.log:
-            n = round((self.high - self.low) / self.step)
-            return [self.low + i * self.step for i in range(n + 1)]
-        return None
+        return [self.low + i * self.step for i in range(n)]
+
+    def contains(self, v) -> bool:
+        """Whether the domain can take ``v``."""
+        vals = self.finite_values()
+        if vals is not None:
+            return v in vals
+        if not self.low <= v <= self.high:
+            return False
+        return self.kind != "int" or self.log or (v - int(self.low)) % int(self.step or 1) == 0
 
     def may_take(self, pred) -> bool:
         vals = self.finite_values()
@@ -368,7 +395,7 @@ class Space:
             if vals is None:
                 raise InputError(f"{self.path}: search.sampler grid needs finite domains; "
                                  f"knobs.{n} is {self.knobs[n].describe()} (give a list or "
-                                 "a range with step)")
+                                 f"a range with step and at most {ENUMERABLE_VALUES:,} values)")
             domains.append(vals)
         seen, out = set(), []
         for combo in itertools.product(*domains):
@@ -668,8 +695,8 @@ def _check_fits_at_all(space: Space, spec) -> None:
     replicas needs more devices than the budget."""
     k = space.knobs
     heads = spec.num_attention_heads
-    if "tp" in k and not k["tp"].may_take(lambda v: heads % v == 0):
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+    if "tp" in k and not any(k["tp"].contains(d) for d in divisors):
         raise InputError(f"knobs.tp: no value divides num_attention_heads={heads} of "
                          f"{space.model}; allowed: {', '.join(map(str, divisors))}")
     if "replicas" in k:
