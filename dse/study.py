@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dse import metrics as M
-from dse.canonical import config_key
+from dse.canonical import KeyCache
 from dse.config import make_trial_config, precheck
 from dse.sampling import enqueue_initial_design, feasible_set, make_sampler, sampler_settings
 from dse.space import Space, load_space
@@ -138,6 +138,7 @@ class Driver:
         self.repeats = 0
         self._repeats_in_a_row = 0
         self._rejected_in_a_row = 0
+        self._key = KeyCache(space)  # dse.canonical.config_key, memoised
         #: config_key -> the first rejected outcome of that configuration
         self._rejected_keys: dict[str, Outcome] = {}
         #: config_key -> the outcome of its first evaluation (COMPLETE ones)
@@ -312,7 +313,7 @@ class Driver:
         the tell leaves the spool file, which the next run logs. Then answer the repeats
         that waited for this configuration."""
         self._tell(study, trial, cfg, outcome)
-        key = config_key(self.space, cfg.params)
+        key = self._key(cfg.params)
         self._evaluating.pop(key, None)
         if outcome.attrs.get("rejected"):
             self._rejected_keys.setdefault(key, outcome)
@@ -467,13 +468,13 @@ class Driver:
         self.best = None
         for t in rejected:
             self._rejected_keys.setdefault(
-                config_key(self.space, t.params),
+                self._key(t.params),
                 Outcome(t.number, t.params, None, dict(t.constraints or {}), state="FAIL",
                         attrs=dict(t.user_attrs)))
         for t in first:
             out = Outcome(t.number, t.params, list(t.values), dict(t.constraints or {}),
                           attrs=dict(t.user_attrs))
-            self._known.setdefault(config_key(self.space, t.params), out)
+            self._known.setdefault(self._key(t.params), out)
             if t.user_attrs.get("feasible"):
                 self._update_best(out)
 
@@ -640,7 +641,7 @@ class Driver:
         trial = study.ask()
         params = self.space.suggest(trial)
         cfg = make_trial_config(self.space, trial.number, params)
-        key = config_key(self.space, cfg.params)
+        key = self._key(cfg.params)
         if key in self._rejected_keys:  # rejected before: no need to check it again
             first = self._rejected_keys[key]
             self._reject(study, trial, cfg, first.attrs.get("reason", ""), first.number)
@@ -692,7 +693,7 @@ class Driver:
             if outcome == "rejected":  # told when drawn
                 continue
             if outcome == "repeat":  # its first evaluation is earlier in this order
-                key = config_key(self.space, cfg.params)
+                key = self._key(cfg.params)
                 self._answer_repeat(study, trial, cfg,
                                     self._known.get(key) or self._failed[key])
                 continue
