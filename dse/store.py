@@ -164,8 +164,9 @@ class DriverJournal:
         self.path = Path(path)
         self._lines: list[bytes] = []  # every log line, serialised, newline-terminated
         self._written = 0  # lines in the file on disk
-        self._synced = True  # the file on disk was fsynced since its last write
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the lines, and writing the file
+        self._sync_lock = threading.Lock()
+        self._synced = 0  # the write (count) that the last fsync made durable
         self.write_s = 0.0  # time spent writing the file, reported by the driver
         self.sync_s = 0.0
         self.writes = 0  # files written (commits that had something new)
@@ -202,19 +203,23 @@ class DriverJournal:
             return self._write()
 
     def sync(self) -> None:
-        """:meth:`commit`, then force the file (and its folder entry) to disk."""
-        with self._lock:
-            self._write()
-            if self._synced:
+        """:meth:`commit`, then force the file (and its folder entry) to disk. The fsyncs
+        run outside the lock that appends take, so the driver does not wait on the disk
+        (the MLflow writer thread calls this)."""
+        with self._sync_lock:
+            with self._lock:
+                self._write()
+                written = self.writes
+            if written == self._synced:
                 return
             t0 = time.perf_counter()
-            for target, flags in ((self.path, os.O_RDONLY), (self.path.parent, os.O_RDONLY)):
-                fd = os.open(target, flags)
+            for target in (self.path, self.path.parent):
+                fd = os.open(target, os.O_RDONLY)
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            self._synced = True
+            self._synced = written
             self.syncs += 1
             self.sync_s += time.perf_counter() - t0
 
@@ -227,7 +232,6 @@ class DriverJournal:
             f.write(b"".join(self._lines))
         os.replace(tmp, self.path)
         self._written = len(self._lines)
-        self._synced = False
         self.writes += 1
         self.write_s += time.perf_counter() - t0
         return True

@@ -69,11 +69,22 @@ _GLYPHS = {
 _BLUE, _RED, _GREY, _INK = (31, 119, 180), (214, 39, 40), (190, 190, 190), (40, 40, 40)
 
 
-def _text(img: np.ndarray, x: int, y: int, text: str, color, scale: int = 2) -> None:
-    for ch in text.upper():
+_GLYPH_MASKS: dict[tuple[str, int], np.ndarray] = {}
+
+
+def _glyph(ch: str, scale: int) -> np.ndarray:
+    """A character's pixels (bool, 5*scale x 3*scale), built once."""
+    g = _GLYPH_MASKS.get((ch, scale))
+    if g is None:
         bits = _GLYPHS.get(ch, _GLYPHS[" "])
         g = np.array([int(b) for b in bits], dtype=bool).reshape(5, 3)
-        g = np.kron(g, np.ones((scale, scale), dtype=bool))
+        g = _GLYPH_MASKS[(ch, scale)] = np.kron(g, np.ones((scale, scale), dtype=bool))
+    return g
+
+
+def _text(img: np.ndarray, x: int, y: int, text: str, color, scale: int = 2) -> None:
+    for ch in text.upper():
+        g = _glyph(ch, scale)
         h, w = g.shape
         if 0 <= y and y + h <= img.shape[0] and 0 <= x and x + w <= img.shape[1]:
             img[y:y + h, x:x + w][g] = color
