@@ -260,8 +260,45 @@ def open_tracker(uri: str, out: Path, experiment: str, flag: str = "--tracking-u
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     try:
+        seed_sqlite_store(uri)
         return Tracker(uri, out, experiment)
     except Exception as exc:  # noqa: BLE001 - MlflowException, connection errors, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{flag} {uri!r}: cannot open the MLflow store ({first[:300]})") \
             from None
+
+
+def seed_sqlite_store(uri: str) -> bool:
+    """A new SQLite MLflow store starts as a copy of an empty one made once per MLflow
+    version in the user's cache folder (``sim.cache.cache_dir``): MLflow creates its tables
+    by running each of its ~50 schema migrations, 1.5 s of CPU and a few seconds of disk
+    syncs, which a search's driver would otherwise pay at every fresh start. True if the
+    store was seeded; False (MLflow creates it as usual) when the URI is not a SQLite file
+    that is still missing, or the cache is off or cannot be written."""
+    import shutil
+    from importlib.metadata import version
+
+    from sim.cache import cache_dir
+
+    if not uri.startswith("sqlite:///"):
+        return False
+    target = Path(uri[len("sqlite:///"):])
+    cache = cache_dir()
+    if target.exists() or cache is None or not target.parent.is_dir():
+        return False
+    template = cache / f"mlflow-{version('mlflow')}-empty.db"
+    try:
+        if not template.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f"{template.name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+            os.replace(tmp, template)
+        copy = target.with_name(target.name + ".seed")
+        shutil.copyfile(template, copy)
+        os.replace(copy, target)
+    except (OSError, ImportError):
+        return False
+    return True

@@ -266,3 +266,27 @@ def test_killed_in_process_driver_resumes_without_lost_or_doubled_trials(tmp_pat
     firsts = [t for t in after if "repeat_of" not in t.user_attrs
               and (t.state == TrialState.COMPLETE or t.user_attrs.get("rejected"))]
     assert len(nums) == len(set(nums)) == len(firsts)
+
+
+def test_new_sqlite_store_is_a_copy_of_a_cached_empty_one(tmp_path, monkeypatch):
+    from dse.store import open_tracker, seed_sqlite_store
+
+    monkeypatch.setenv("LLMSIM_CACHE_DIR", str(tmp_path / "cache"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert seed_sqlite_store(f"sqlite:///{a / 'mlflow.db'}")  # makes the template first
+    assert list((tmp_path / "cache").glob("mlflow-*-empty.db"))
+    assert not seed_sqlite_store(f"sqlite:///{a / 'mlflow.db'}")  # exists: left alone
+    assert not seed_sqlite_store(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
+    assert not seed_sqlite_store("http://127.0.0.1:5000")
+    t0 = time.perf_counter()
+    tracker = open_tracker(f"sqlite:///{b / 'mlflow.db'}", b, "seeded")  # seeded here
+    assert time.perf_counter() - t0 < 5
+    parent = tracker.open_parent(None, "study", {"x": 1}, {"y": "z"})
+    run = tracker.client.get_run(parent)
+    assert run.data.params == {"x": "1"} and run.data.tags["y"] == "z"
+    monkeypatch.setenv("LLMSIM_CACHE_DIR", "off")
+    c = tmp_path / "c"
+    c.mkdir()
+    assert not seed_sqlite_store(f"sqlite:///{c / 'mlflow.db'}")
