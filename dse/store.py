@@ -146,9 +146,9 @@ def driver_journal(out: Path) -> DriverJournal:
 
 class DriverJournal:
     """The driver's Optuna journal, kept in memory and written out whole at the points the
-    driver chooses (:meth:`commit`: after it has asked and submitted trials, and after it
-    has told one: about two writes per trial, instead of a locked append for each of the
-    ~25 log lines of a trial). Each write goes to a temporary file renamed over the
+    driver chooses (:meth:`commit`: once a round of its loop, after it has told the
+    trials that came back and asked and submitted the next ones: about one write per
+    trial, instead of a locked append for each of the ~25 log lines of a trial). Each write goes to a temporary file renamed over the
     journal, so the file is always a complete earlier state of the study, never a torn
     line; a driver killed between two commits loses only what it did since the last one:
     trials asked but not yet written there are drawn again, a trial whose result came

@@ -598,7 +598,9 @@ class Driver:
                     while self._can_ask(deadline, inflight) and self.pool.free > 0:
                         self._ask_one(study, inflight, submit=True)
                         prog.update()
-                    self._commit()  # the trials just asked (and submitted) are on disk
+                    # one write for the trials just told (below, in the last round) and
+                    # those just asked and submitted: about one a trial
+                    self._commit()
                     tm["ask_s"] += time.perf_counter() - t
                 if not inflight:
                     break
@@ -608,14 +610,12 @@ class Driver:
                 for res in results:
                     trial, cfg = inflight.pop(res.number)
                     self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
-                if results:
-                    self._commit()  # ... and so are those just told
                 tm["record_s"] += time.perf_counter() - t
                 prog.update()
 
     def _commit(self) -> None:
-        """Write the study journal out (see dse.store.DriverJournal): after asking, after
-        telling."""
+        """Write the study journal out (see dse.store.DriverJournal), when anything was
+        added since the last write."""
         if self._journal is not None:
             self._journal.commit()
 
