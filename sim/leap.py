@@ -53,6 +53,8 @@ class LeapPlan:
     kv_sum0: int
     kv_max0: int
     kv_min0: int
+    #: step 0's sum of squared decode KVs (step j adds 2 j kv_sum0 + len(running) j^2)
+    kv_sq0: int
     #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
     #: queried tokens), or None when the head is not looked up
     head_lookup: tuple[int, int] | None
@@ -122,7 +124,8 @@ def plan_leap(sch: Scheduler) -> LeapPlan | None:
         return None
     kv_sum0 = sum(computed0)
     return LeapPlan(max_steps, max_completions, computed0, output0, pops, pops_through, free0,
-                    kv_sum0, max(computed0), min(computed0), head_lookup)
+                    kv_sum0, max(computed0), min(computed0), sum(c * c for c in computed0),
+                    head_lookup)
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -211,7 +214,8 @@ def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: in
 def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
     """Step ``j``'s shape: every request decodes one token over its KV, one longer a step."""
     return BatchShape(num_running, num_running, 0, 0, num_running,
-                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0)
+                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0,
+                      plan.kv_sq0 + 2 * j * plan.kv_sum0 + num_running * j * j)
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
