@@ -546,8 +546,8 @@ class Driver:
             f"writer at the end {g('mlflow_flush_wait_s', 0):.1f}s"
             f"; then workers shut down {g('pool_shutdown_s', 0):.1f}s",
             f"in the loop: waiting for results {g('wait_s', 0):.1f}s, ask + check + submit "
-            f"{g('ask_s', 0):.1f}s, tell + record {g('record_s', 0):.1f}s; workers simulated {g('simulate_s', 0):.1f}s "
-            f"over {int(g('simulated', 0))} trial(s)",
+            f"{g('ask_s', 0):.1f}s, tell + record {g('record_s', 0):.1f}s; workers "
+            f"simulated {g('simulate_s', 0):.1f}s over {int(g('simulated', 0))} trial(s)",
             f"MLflow (writer thread, off the search's path): store opened in "
             f"{g('mlflow_open_s', 0):.1f}s, {int(g('mlflow_logged', 0))} run(s) logged, busy "
             f"{g('mlflow_s', 0):.1f}s ({g('mlflow_cpu_s', 0):.1f}s CPU); journal "
