@@ -104,3 +104,23 @@ def config_key(space: Space, params: dict[str, Any]) -> str:
     canon = canonical_params(space, params)
     text = json.dumps(canon, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class KeyCache:
+    """:func:`config_key` of one space, memoised on the parameters given (a search asks
+    for the keys of the same few hundred configurations thousands of times)."""
+
+    def __init__(self, space: Space) -> None:
+        self.space = space
+        self._keys: dict[tuple, str] = {}
+
+    def __call__(self, params: dict[str, Any]) -> str:
+        try:
+            # (the type too: 1 and 1.0 are equal keys of a dict, not of config_key)
+            memo = tuple(sorted((k, type(v).__name__, v) for k, v in params.items()))
+            key = self._keys.get(memo)
+        except TypeError:  # an unhashable value: not memoised
+            return config_key(self.space, params)
+        if key is None:
+            key = self._keys[memo] = config_key(self.space, params)
+        return key

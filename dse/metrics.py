@@ -148,3 +148,20 @@ def flatten_summary(summary: dict, prefix: str = "") -> dict[str, float]:
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[key] = float(v)
     return out
+
+
+def latency_quantiles(requests, max_points: int = 400) -> dict[str, np.ndarray]:
+    """TTFT and TPOT (ms, sorted; at most ``max_points`` quantiles each) of one trial's
+    per-request table, as the report's distribution plot shows them (TPOT of requests
+    with more than one output token)."""
+    ttft = np.asarray(requests["ttft_ns"], dtype=float) / 1e6
+    multi = np.asarray(requests["output_tokens"]) > 1
+    tpot = np.asarray(requests["tpot_ns"], dtype=float)[multi] / 1e6
+    return {"ttft_ms": _quantiles(ttft, max_points), "tpot_ms": _quantiles(tpot, max_points)}
+
+
+def _quantiles(x: np.ndarray, n: int) -> np.ndarray:
+    x = np.sort(x[np.isfinite(x)])
+    if len(x) <= n:
+        return x
+    return np.quantile(x, np.linspace(0, 1, n))

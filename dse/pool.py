@@ -201,6 +201,7 @@ class RayPool:
         self._pending: deque[_Job] = deque()
         self._space_ref = None
         self._actor_cls = None
+        self._cpu0: dict[Any, float] = {}
         self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -230,7 +231,27 @@ class RayPool:
         for a in actors:
             self._add_actor(a)
         self.timings["actors_s"] = time.perf_counter() - t1
+        self._cpu0 = self._actor_cpu()
         return self
+
+    def _actor_cpu(self) -> dict[Any, float]:
+        """CPU seconds used so far by each placed actor (with its astra-sim processes)."""
+        import ray
+
+        refs = {a: self._control(a, "cpu") for a in self._actors}
+        out = {}
+        for a, ref in refs.items():
+            try:
+                out[a] = float(ray.get(ref, timeout=10))
+            except Exception as exc:  # noqa: BLE001 - busy or gone: left out
+                log.debug("cpu: %s", exc)
+        return out
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the workers used since the pool started (actors started since
+        count whole; actors that died are left out)."""
+        now = self._actor_cpu()
+        return sum(v - self._cpu0.get(a, 0.0) for a, v in now.items())
 
     def _control(self, actor, method: str):
         return getattr(actor, method).options(concurrency_group=self.CONTROL).remote()

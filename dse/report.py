@@ -88,14 +88,26 @@ def pareto_frame(space: Space, df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
-def write_results(space: Space, study, out: Path) -> dict[str, Any]:
+def write_results(space: Space, study, out: Path, latency: dict[int, dict] | None = None,
+                  before_reading=None) -> dict[str, Any]:
+    """trials.csv, pareto.csv, best/ and the report. ``latency``: trial -> its TTFT/TPOT
+    quantiles (:func:`dse.metrics.latency_quantiles`) as the driver kept them; the front's
+    trials not in it are read from their MLflow runs' per-request tables (after
+    ``before_reading()``, e.g. waiting for the MLflow writer)."""
     df = trials_frame(space, study)
     df.to_csv(out / "trials.csv", index=False)
     front = pareto_frame(space, df)
     front.to_csv(out / "pareto.csv", index=False)
     exported = export_best(space, front, out / "best")
     _write_plotlyjs(out)
-    cdf = request_tables(out, list(front["trial"]) if len(front) else [])
+    wanted = [int(t) for t in front["trial"]] if len(front) else []
+    latency = latency or {}
+    cdf = {t: latency[t] for t in wanted if t in latency}
+    missing = [t for t in wanted if t not in cdf]
+    if missing:
+        if before_reading is not None:
+            before_reading()
+        cdf.update(request_tables(out, missing))
     from dse.report_html import render_html
 
     (out / REPORT).write_text(render_html(space, df, front, exported, cdf))
@@ -184,10 +196,7 @@ def request_tables(out: Path, trials: list[int], max_points: int = 400) -> dict[
             if path is None:
                 continue
             req = pd.read_csv(path, usecols=["ttft_ns", "tpot_ns", "output_tokens"])
-            tables[int(num)] = {
-                "ttft_ms": _quantiles(req["ttft_ns"].to_numpy(float) / 1e6, max_points),
-                "tpot_ms": _quantiles(req.loc[req["output_tokens"] > 1, "tpot_ns"]
-                                      .to_numpy(float) / 1e6, max_points)}
+            tables[int(num)] = M.latency_quantiles(req, max_points)
     return tables
 
 
@@ -203,13 +212,6 @@ def _artifact(client, run, name: str, tmp: str) -> str | None:
         return client.download_artifacts(run.info.run_id, name, tmp)
     except Exception:  # noqa: BLE001 - a trial without its table is left out
         return None
-
-
-def _quantiles(x: np.ndarray, n: int) -> np.ndarray:
-    x = np.sort(x[np.isfinite(x)])
-    if len(x) <= n:
-        return x
-    return np.quantile(x, np.linspace(0, 1, n))
 
 
 def _py(v):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dse.canonical import canonical_params, config_key
+from dse.canonical import KeyCache, canonical_params, config_key
 from dse.config import make_trial_config, precheck
 from dse.space import Space
 
@@ -227,7 +227,8 @@ class LocalSearchSampler:
         self.p = p
         self.seed = seed
         self.start_after = start_after
-        self._feasible = {config_key(space, f): f for f in feasible}
+        self._key = KeyCache(space)
+        self._feasible = {self._key(f): f for f in feasible}
         self._values = {k: list(space.knobs[k].finite_values() or [])
                         for k in space.searched_knobs}
         self._numeric = {k: all(isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -286,7 +287,7 @@ class LocalSearchSampler:
         for t in trials:
             p = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
             if p:
-                taken.add(config_key(self.space, self.space.complete(p)))
+                taken.add(self._key(p))  # (config_key completes the parameters itself)
         feas = [t for t in done if all(v <= 0 for v in (t.constraints or {}).values())]
         dirs = ["maximize" if d.name == "MAXIMIZE" else "minimize" for d in study.directions]
 
@@ -328,7 +329,7 @@ class LocalSearchSampler:
                 others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
                           if self._numeric[k] else [v for v in vals if v != base[k]])
                 for v in others:
-                    key = config_key(self.space, self.space.complete({**base, k: v}))
+                    key = self._key({**base, k: v})
                     if key in self._feasible and key not in taken:
                         cands.setdefault(key, self._feasible[key])
             if cands:

@@ -37,8 +37,8 @@ LOCK = ".dse.lock"
 #: trials told to Optuna whose MLflow run is not written yet (see dse.tracking.TrackingWriter)
 SPOOL = "mlflow-pending"
 #: what ``--fresh`` deletes (never the lock: it is held while deleting)
-STUDY_FILES = (JOURNAL, STUDY_JSON, SPACE_COPY, MLFLOW_DB, ARTIFACTS, SPOOL, "trials.csv",
-               "pareto.csv", "report.html", "best")
+STUDY_FILES = (JOURNAL, JOURNAL + ".tmp", STUDY_JSON, SPACE_COPY, MLFLOW_DB, ARTIFACTS, SPOOL,
+               "trials.csv", "pareto.csv", "report.html", "best")
 #: tracking-URI schemes MLflow 2/3 can open
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql",
                     "databricks")
@@ -146,51 +146,102 @@ def _journal_lock(path: str):
     return JournalFileOpenLock(path, grace_period=10)
 
 
-def driver_journal(out: Path):
-    """The driver's journal backend: Optuna's journal file, appends written through under
-    the same lock file (a killed driver loses nothing) but forced to disk (fsync) only by
-    its ``sync()``, not after each of the ~25 appends of a trial (3 ms each on this
-    machine's disk). The driver syncs before a trial reaches MLflow and when the search
-    ends, so the journal on disk is never behind MLflow, even after a power loss."""
-    from optuna.storages.journal import JournalFileBackend
+def driver_journal(out: Path) -> DriverJournal:
+    """The driver's journal backend (see :class:`DriverJournal`)."""
+    return DriverJournal(out / JOURNAL)
 
-    path = str(out / JOURNAL)
-    lock = _journal_lock(path)
 
-    class FolderJournal(JournalFileBackend):
-        def __init__(self) -> None:
-            super().__init__(path, lock_obj=lock)
-            self.write_s = 0.0  # time spent appending, reported by the driver
-            self.sync_s = 0.0
-            self._dirty = False
-            self._sync_lock = threading.Lock()
+class DriverJournal:
+    """The driver's Optuna journal, kept in memory and written out whole at the points the
+    driver chooses (:meth:`commit`: once a round of its loop, after it has told the
+    trials that came back and asked and submitted the next ones: about one write per
+    trial, instead of a locked append for each of the ~25 log lines of a trial). Each write goes to a temporary file renamed over the
+    journal, so the file is always a complete earlier state of the study, never a torn
+    line; a driver killed between two commits loses only what it did since the last one:
+    trials asked but not yet written there are drawn again, a trial whose result came
+    back but was not yet committed is re-run (re-enqueued from the journal if its
+    parameters were written, drawn anew otherwise). :meth:`sync` also forces the file to
+    disk (fsync); the MLflow writer calls it before logging a trial, so MLflow is never
+    ahead of the study on disk, even after a power loss.
 
-        def append_logs(self, logs: list[dict]) -> None:
+    Readers in other processes (``dse report``, Optuna's ``JournalFileBackend``) read the
+    same line format. The single-writer rule is the study lock's (:class:`StudyLock`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lines: list[bytes] = []  # every log line, serialised, newline-terminated
+        self._written = 0  # lines in the file on disk
+        self._lock = threading.Lock()  # the lines, and writing the file
+        self._sync_lock = threading.Lock()
+        self._synced = 0  # the write (count) that the last fsync made durable
+        self.write_s = 0.0  # time spent writing the file, reported by the driver
+        self.sync_s = 0.0
+        self.writes = 0  # files written (commits that had something new)
+        self.syncs = 0
+        if self.path.exists():
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):  # a torn last line (an old appender)
+                data = data[:data.rfind(b"\n") + 1]
+            self._lines = data.splitlines(keepends=True)
+            self._written = len(self._lines)
+
+    # Optuna's BaseJournalBackend interface (duck-typed: its ABC is not needed)
+    def read_logs(self, log_number_from: int):
+        with self._lock:
+            lines = self._lines[log_number_from:]
+        return [json.loads(line) for line in lines]
+
+    def append_logs(self, logs: list[dict]) -> None:
+        # serialised now, as the file backend does: what Optuna reads back is a copy,
+        # never the caller's objects
+        data = [(json.dumps(x, separators=(",", ":")) + "\n").encode("utf-8") for x in logs]
+        with self._lock:
+            self._lines.extend(data)
+
+    @property
+    def pending(self) -> int:
+        """Log lines not yet in the file."""
+        return len(self._lines) - self._written
+
+    def commit(self) -> bool:
+        """Write the journal (temporary file + rename) if anything was added since the last
+        write; True if it wrote."""
+        with self._lock:
+            return self._write()
+
+    def sync(self) -> None:
+        """:meth:`commit`, then force the file (and its folder entry) to disk. The fsyncs
+        run outside the lock that appends take, so the driver does not wait on the disk
+        (the MLflow writer thread calls this)."""
+        with self._sync_lock:
+            with self._lock:
+                self._write()
+                written = self.writes
+            if written == self._synced:
+                return
             t0 = time.perf_counter()
-            data = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in logs)
-            lock.acquire()
-            try:
-                with open(path, "ab") as f:
-                    f.write(data.encode("utf-8"))
-                self._dirty = True
-            finally:
-                lock.release()
-            self.write_s += time.perf_counter() - t0
-
-        def sync(self) -> None:
-            with self._sync_lock:
-                if not self._dirty:
-                    return
-                t0 = time.perf_counter()
-                self._dirty = False
-                fd = os.open(path, os.O_RDONLY)
+            for target in (self.path, self.path.parent):
+                fd = os.open(target, os.O_RDONLY)
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                self.sync_s += time.perf_counter() - t0
+            self._synced = written
+            self.syncs += 1
+            self.sync_s += time.perf_counter() - t0
 
-    return FolderJournal()
+    def _write(self) -> bool:
+        if self._written == len(self._lines) and self.path.exists():
+            return False
+        t0 = time.perf_counter()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(self._lines))
+        os.replace(tmp, self.path)
+        self._written = len(self._lines)
+        self.writes += 1
+        self.write_s += time.perf_counter() - t0
+        return True
 
 
 def default_tracking_uri(out: Path) -> str:
@@ -216,8 +267,45 @@ def open_tracker(uri: str, out: Path, experiment: str, flag: str = "--tracking-u
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     try:
+        seed_sqlite_store(uri)
         return Tracker(uri, out, experiment)
     except Exception as exc:  # noqa: BLE001 - MlflowException, connection errors, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{flag} {uri!r}: cannot open the MLflow store ({first[:300]})") \
             from None
+
+
+def seed_sqlite_store(uri: str) -> bool:
+    """A new SQLite MLflow store starts as a copy of an empty one made once per MLflow
+    version in the user's cache folder (``sim.cache.cache_dir``): MLflow creates its tables
+    by running each of its ~50 schema migrations, 1.5 s of CPU and a few seconds of disk
+    syncs, which a search's driver would otherwise pay at every fresh start. True if the
+    store was seeded; False (MLflow creates it as usual) when the URI is not a SQLite file
+    that is still missing, or the cache is off or cannot be written."""
+    import shutil
+    from importlib.metadata import version
+
+    from sim.cache import cache_dir
+
+    if not uri.startswith("sqlite:///"):
+        return False
+    target = Path(uri[len("sqlite:///"):])
+    cache = cache_dir()
+    if target.exists() or cache is None or not target.parent.is_dir():
+        return False
+    template = cache / f"mlflow-{version('mlflow')}-empty.db"
+    try:
+        if not template.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / f"{template.name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+            os.replace(tmp, template)
+        copy = target.with_name(target.name + ".seed")
+        shutil.copyfile(template, copy)
+        os.replace(copy, target)
+    except (OSError, ImportError):
+        return False
+    return True

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dse import metrics as M
-from dse.canonical import config_key
+from dse.canonical import KeyCache
 from dse.config import make_trial_config, precheck
 from dse.sampling import enqueue_initial_design, feasible_set, make_sampler, sampler_settings
 from dse.space import Space, load_space
@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["JOURNAL", "SPACE_COPY", "STUDY_FILES", "STUDY_JSON", "Driver", "SearchSummary",
            "open_storage", "run_search"]
+#: per-instance summary blocks left out of a trial's MLflow metrics (one per instance,
+#: ~40 per trial of 8 replicas); its summary.json artifact keeps them
+PER_INSTANCE_METRICS = ("kv_cache.", "kv_blocks.")
 #: consecutive draws of already-evaluated configurations after which the search stops
 #: (the sampler keeps proposing what it has seen: the space is exhausted for it)
 MAX_REPEATS_IN_A_ROW = 500
@@ -59,14 +62,17 @@ MAX_REJECTED_IN_A_ROW = 500
 
 
 def versions() -> dict[str, str]:
-    import mlflow
-    import optuna
-    import pandas
-    import ray
+    """The versions of the packages a study depends on, from their installed metadata
+    (importing mlflow and ray here would cost the driver ~1.5 s of CPU before Ray starts)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"python": platform.python_version(), "optuna": optuna.__version__,
-            "ray": ray.__version__, "mlflow": mlflow.__version__, "numpy": np.__version__,
-            "pandas": pandas.__version__}
+    out = {"python": platform.python_version()}
+    for name in ("optuna", "ray", "mlflow", "numpy", "pandas"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
 
 
 @dataclass
@@ -132,6 +138,7 @@ class Driver:
         self.repeats = 0
         self._repeats_in_a_row = 0
         self._rejected_in_a_row = 0
+        self._key = KeyCache(space)  # dse.canonical.config_key, memoised
         #: config_key -> the first rejected outcome of that configuration
         self._rejected_keys: dict[str, Outcome] = {}
         #: config_key -> the outcome of its first evaluation (COMPLETE ones)
@@ -143,6 +150,8 @@ class Driver:
         self._evaluating: dict[str, int] = {}
         #: config_key -> repeats waiting for that evaluation: [(trial, cfg)]
         self._waiting: dict[str, list] = {}
+        #: trial -> its TTFT/TPOT quantiles (dse.metrics.latency_quantiles), for the report
+        self._latency: dict[int, dict] = {}
 
     # ---------------------------------------------------------------- setup
     def _prepare_dir(self) -> dict:
@@ -289,6 +298,8 @@ class Driver:
         out = Outcome(cfg.number, cfg.params, M.told_values(space, objs), slo["constraints"],
                       attrs=attrs)
         out.result = res  # for tracking artifacts
+        if res.requests is not None and "ttft_ns" in res.requests:
+            self._latency[cfg.number] = M.latency_quantiles(res.requests)  # for the report
         return out
 
     def _rejected(self, cfg, reason: str, attrs: dict | None = None) -> Outcome:
@@ -302,7 +313,7 @@ class Driver:
         the tell leaves the spool file, which the next run logs. Then answer the repeats
         that waited for this configuration."""
         self._tell(study, trial, cfg, outcome)
-        key = config_key(self.space, cfg.params)
+        key = self._key(cfg.params)
         self._evaluating.pop(key, None)
         if outcome.attrs.get("rejected"):
             self._rejected_keys.setdefault(key, outcome)
@@ -367,7 +378,8 @@ class Driver:
         params = {**{k: v for k, v in cfg.params.items()},
                   **{f"cluster.{k}": v for k, v in cfg.summary.items()}}
         metrics = {f"objective.{k}": v for k, v in (a.get("objectives") or {}).items()}
-        metrics.update(a.get("metrics") or {})
+        metrics.update((k, v) for k, v in (a.get("metrics") or {}).items()
+                       if not k.startswith(PER_INSTANCE_METRICS))  # in summary.json
         metrics.update({f"constraint.{k}": v for k, v in outcome.constraints.items()})
         for k in ("attainment", "capacity_rps", "wall_s", "attempts"):
             if a.get(k) is not None:
@@ -456,13 +468,13 @@ class Driver:
         self.best = None
         for t in rejected:
             self._rejected_keys.setdefault(
-                config_key(self.space, t.params),
+                self._key(t.params),
                 Outcome(t.number, t.params, None, dict(t.constraints or {}), state="FAIL",
                         attrs=dict(t.user_attrs)))
         for t in first:
             out = Outcome(t.number, t.params, list(t.values), dict(t.constraints or {}),
                           attrs=dict(t.user_attrs))
-            self._known.setdefault(config_key(self.space, t.params), out)
+            self._known.setdefault(self._key(t.params), out)
             if t.user_attrs.get("feasible"):
                 self._update_best(out)
 
@@ -479,6 +491,7 @@ class Driver:
         requeue = self._recover(study)
         self.requeued = len(requeue)
         self._enqueue_grid(study)
+        self._commit()
         self._open_tracking(meta, requeue)
         with self._meta_lock:
             self._save_meta(meta)
@@ -492,6 +505,7 @@ class Driver:
         self.pool = self._start_pool()
         t_ready = time.perf_counter()
         tm["pool_start_s"] = t_ready - t
+        cpu0, main0 = time.process_time(), time.thread_time()
         status = "FINISHED"
         try:
             self._loop(study)
@@ -501,11 +515,15 @@ class Driver:
         finally:
             t = time.perf_counter()
             tm["loop_s"] = t - t_ready
+            if hasattr(self.pool, "cpu_seconds"):
+                tm["worker_cpu_s"] = self.pool.cpu_seconds()
             self.pool.shutdown()
             tm["pool_shutdown_s"] = time.perf_counter() - t
             self._finish(study, status, time.perf_counter() - t_start)
             tm["search_s"] = time.perf_counter() - t_ready - tm["pool_shutdown_s"]
             tm["wall_s"] = time.perf_counter() - t_start
+            tm["driver_cpu_s"] = time.process_time() - cpu0  # all its threads
+            tm["driver_main_cpu_s"] = time.thread_time() - main0
         self._check_tracking()  # a store that failed to open after the last trial
         kind = getattr(self.pool, "kind", "")
         return SearchSummary(self.out, self.complete, self.feasible, self.failed, self.rejected,
@@ -528,13 +546,20 @@ class Driver:
             f"writer at the end {g('mlflow_flush_wait_s', 0):.1f}s"
             f"; then workers shut down {g('pool_shutdown_s', 0):.1f}s",
             f"in the loop: waiting for results {g('wait_s', 0):.1f}s, ask + check + submit "
-            f"{g('ask_s', 0):.1f}s, tell + record {g('record_s', 0):.1f}s (journal appends "
-            f"{g('journal_write_s', 0):.1f}s); workers simulated {g('simulate_s', 0):.1f}s "
-            f"over {int(g('simulated', 0))} trial(s)",
+            f"{g('ask_s', 0):.1f}s, tell + record {g('record_s', 0):.1f}s; workers "
+            f"simulated {g('simulate_s', 0):.1f}s over {int(g('simulated', 0))} trial(s)",
             f"MLflow (writer thread, off the search's path): store opened in "
             f"{g('mlflow_open_s', 0):.1f}s, {int(g('mlflow_logged', 0))} run(s) logged, busy "
-            f"{g('mlflow_s', 0):.1f}s; journal fsyncs {g('journal_sync_s', 0):.1f}s",
+            f"{g('mlflow_s', 0):.1f}s ({g('mlflow_cpu_s', 0):.1f}s CPU); journal "
+            f"{int(g('journal_writes', 0))} writes {g('journal_write_s', 0):.2f}s, "
+            f"{int(g('journal_syncs', 0))} fsyncs {g('journal_sync_s', 0):.1f}s",
         ]
+        if "driver_cpu_s" in tm:
+            lines.append(
+                f"CPU after the workers are up: driver {g('driver_cpu_s', 0):.1f}s (main thread "
+                f"{g('driver_main_cpu_s', 0):.1f}s, the rest MLflow writer and Ray's threads)"
+                + (f", workers {g('worker_cpu_s'):.1f}s (with their astra-sim processes)"
+                   if "worker_cpu_s" in tm else ""))
         return lines
 
     def _can_ask(self, deadline: float | None, inflight: dict) -> bool:
@@ -573,16 +598,26 @@ class Driver:
                     while self._can_ask(deadline, inflight) and self.pool.free > 0:
                         self._ask_one(study, inflight, submit=True)
                         prog.update()
+                    # one write for the trials just told (below, in the last round) and
+                    # those just asked and submitted: about one a trial
+                    self._commit()
                     tm["ask_s"] += time.perf_counter() - t
                 if not inflight:
                     break
                 self._check_tracking()
-                for res in self._poll(timeout=0.5):
+                results = self._poll(timeout=0.5)
+                t = time.perf_counter()
+                for res in results:
                     trial, cfg = inflight.pop(res.number)
-                    t = time.perf_counter()
                     self._record(study, trial, cfg, self._outcome_from_result(cfg, res))
-                    tm["record_s"] += time.perf_counter() - t
+                tm["record_s"] += time.perf_counter() - t
                 prog.update()
+
+    def _commit(self) -> None:
+        """Write the study journal out (see dse.store.DriverJournal), when anything was
+        added since the last write."""
+        if self._journal is not None:
+            self._journal.commit()
 
     def _poll(self, timeout: float) -> list:
         t = time.perf_counter()
@@ -606,7 +641,7 @@ class Driver:
         trial = study.ask()
         params = self.space.suggest(trial)
         cfg = make_trial_config(self.space, trial.number, params)
-        key = config_key(self.space, cfg.params)
+        key = self._key(cfg.params)
         if key in self._rejected_keys:  # rejected before: no need to check it again
             first = self._rejected_keys[key]
             self._reject(study, trial, cfg, first.attrs.get("reason", ""), first.number)
@@ -647,6 +682,7 @@ class Driver:
         """Deterministic mode: ask a batch, wait for all of it, tell in trial order."""
         k = min(max(1, self.pool.size), self.n_trials - self.complete)
         asked = [self._ask_one(study, inflight, submit=False) for _ in range(k)]
+        self._commit()
         results: dict[int, TrialResult] = {}
         while len(results) < len(inflight):
             self._check_tracking()
@@ -657,7 +693,7 @@ class Driver:
             if outcome == "rejected":  # told when drawn
                 continue
             if outcome == "repeat":  # its first evaluation is earlier in this order
-                key = config_key(self.space, cfg.params)
+                key = self._key(cfg.params)
                 self._answer_repeat(study, trial, cfg,
                                     self._known.get(key) or self._failed[key])
                 continue
@@ -665,6 +701,7 @@ class Driver:
                 outcome = self._outcome_from_result(cfg, results[trial.number])
                 inflight.pop(trial.number)
             self._record(study, trial, cfg, outcome)
+        self._commit()
         prog.update()
 
     def _finish(self, study, status: str, wall_s: float) -> None:
@@ -675,11 +712,12 @@ class Driver:
         tm = self.timings
         self._pareto_count = 0
         writer = self.tracker
-        if hasattr(writer, "flush"):  # the report reads the front's per-request tables
-            writer.flush()            # from their MLflow runs
         t = time.perf_counter()
         try:
-            files = write_results(self.space, study, self.out)
+            # the front's latency distributions as kept here; a resumed study's earlier
+            # trials are read from their MLflow runs once the writer has logged them
+            files = write_results(self.space, study, self.out, self._latency,
+                                  getattr(writer, "flush", None))
             self._pareto_count = files.get("pareto_count", 0)
         except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
             log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
@@ -707,9 +745,15 @@ class Driver:
                 self._journal.sync()
                 tm["journal_write_s"] = self._journal.write_s
                 tm["journal_sync_s"] = self._journal.sync_s
+                tm["journal_writes"] = self._journal.writes
+                tm["journal_syncs"] = self._journal.syncs
             tm["mlflow_flush_wait_s"] = writer.wait_s
             tm["mlflow_s"] = writer.seconds
+            tm["mlflow_cpu_s"] = writer.cpu_s
             tm["mlflow_logged"] = writer.logged
+            calls = writer.tracker.calls if writer.tracker is not None else {}
+            for k, v in calls.items():
+                tm[f"mlflow_{k}"] = v
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:

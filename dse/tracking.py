@@ -1,9 +1,11 @@
 """MLflow tracking: one parent run per study, one child run per trial.
 
 Only the driver writes here, from one thread of its own (:class:`TrackingWriter`), so the
-search does not wait for it. Each child is one ``create_run`` + one ``log_batch`` + one
-``log_artifacts`` (per-request table, cluster config, time series, a TTFT/TPOT histogram
-image): a few tens of ms, small beside a trial. Metric names are grouped by prefix
+search does not wait for it. Each child is one ``create_run`` (with its tags) + one
+``log_batch`` (metrics and parameters) + its artifact files (per-request table, cluster
+config, summary, time series, a TTFT/TPOT histogram image; written straight into the run's
+artifact folder of a local store) + ``set_terminated``: a few tens of ms, small beside a
+trial. Per-instance KV-cache figures are in ``summary.json``, not metrics. Metric names are grouped by prefix
 (``objective/``, ``ttft/``, ``constraint/``...), the experiment is tagged as a training-style
 one so MLflow 3's UI opens on its runs table, and the parent run carries the Pareto table,
 the report and the exported configurations. The store defaults to
@@ -12,6 +14,7 @@ the report and the exported configurations. The store defaults to
 
 from __future__ import annotations
 
+import collections
 import json
 import tempfile
 import time
@@ -66,11 +69,22 @@ _GLYPHS = {
 _BLUE, _RED, _GREY, _INK = (31, 119, 180), (214, 39, 40), (190, 190, 190), (40, 40, 40)
 
 
-def _text(img: np.ndarray, x: int, y: int, text: str, color, scale: int = 2) -> None:
-    for ch in text.upper():
+_GLYPH_MASKS: dict[tuple[str, int], np.ndarray] = {}
+
+
+def _glyph(ch: str, scale: int) -> np.ndarray:
+    """A character's pixels (bool, 5*scale x 3*scale), built once."""
+    g = _GLYPH_MASKS.get((ch, scale))
+    if g is None:
         bits = _GLYPHS.get(ch, _GLYPHS[" "])
         g = np.array([int(b) for b in bits], dtype=bool).reshape(5, 3)
-        g = np.kron(g, np.ones((scale, scale), dtype=bool))
+        g = _GLYPH_MASKS[(ch, scale)] = np.kron(g, np.ones((scale, scale), dtype=bool))
+    return g
+
+
+def _text(img: np.ndarray, x: int, y: int, text: str, color, scale: int = 2) -> None:
+    for ch in text.upper():
+        g = _glyph(ch, scale)
         h, w = g.shape
         if 0 <= y and y + h <= img.shape[0] and 0 <= x and x + w <= img.shape[1]:
             img[y:y + h, x:x + w][g] = color
@@ -128,6 +142,34 @@ def latency_histogram_png(requests, path: Path) -> bool:
     path.write_bytes(png)
     return True
 
+def local_artifact_dir(artifact_uri: str | None) -> Path | None:
+    """The folder of a run's artifacts when the store keeps them on this machine
+    (``file:`` URI or a plain path), else None. MLflow's UI lists whatever files are in
+    that folder, so writing them there is the same as ``log_artifacts``."""
+    from urllib.parse import unquote, urlparse
+
+    if not artifact_uri:
+        return None
+    if artifact_uri.startswith("file:"):
+        return Path(unquote(urlparse(artifact_uri).path))
+    if "://" not in artifact_uri and ":" not in artifact_uri.split("/", 1)[0]:
+        return Path(artifact_uri)
+    return None
+
+
+def _write_files(folder: Path, files: dict[str, Any]) -> None:
+    for name, obj in files.items():
+        path = folder / name
+        if hasattr(obj, "to_csv"):
+            obj.to_csv(path, index=False)
+        elif isinstance(obj, (dict, list)):
+            path.write_text(json.dumps(obj, indent=2))
+        else:
+            path.write_text(str(obj))
+    if "requests.csv" in files:
+        latency_histogram_png(files["requests.csv"], folder / HISTOGRAM)
+
+
 def _param(v: Any) -> str:
     s = json.dumps(v) if isinstance(v, (dict, list, tuple)) else str(v)
     return s[:MAX_PARAM_LEN]
@@ -156,10 +198,12 @@ class Tracker:
                                                EXPERIMENT_KIND)
         self.parent_id: str | None = None
         self.seconds = 0.0  # time spent tracking, reported at the end
+        #: store calls made for trials (create_run, log_batch, set_terminated, ...)
+        self.calls: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------ parent
     def open_parent(self, run_id: str | None, name: str, params: dict, tags: dict) -> str:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         t0 = time.perf_counter()
         if run_id:
@@ -173,11 +217,11 @@ class Tracker:
             except Exception:  # noqa: BLE001, S110 - missing run: make a new one
                 pass
         run = self.client.create_run(self.experiment_id, run_name=name,
-                                     tags={"dse.role": "study"})
+                                     tags={"dse.role": "study",
+                                           **{k: _param(v) for k, v in tags.items()}})
         self.parent_id = run.info.run_id
         self.client.log_batch(self.parent_id,
-                              params=[Param(k, _param(v)) for k, v in params.items()],
-                              tags=[RunTag(k, _param(v)) for k, v in tags.items()])
+                              params=[Param(k, _param(v)) for k, v in params.items()])
         self.seconds += time.perf_counter() - t0
         return self.parent_id
 
@@ -214,37 +258,45 @@ class Tracker:
     # ------------------------------------------------------------ children
     def log_trial(self, number: int, params: dict, metrics: dict[str, float], tags: dict,
                   files: dict[str, Any]) -> str:
-        """One child run. ``files``: name -> DataFrame / dict / str, written as artifacts."""
-        from mlflow.entities import Metric, Param, RunTag
+        """One child run: ``create_run`` with every tag, one ``log_batch`` of its metrics
+        and parameters, its artifact files, ``set_terminated``: three store transactions.
+        ``files``: name -> DataFrame / dict / str, written as artifacts: straight into the
+        run's artifact folder when the store keeps artifacts in a local folder (the
+        default), else through ``log_artifacts``."""
+        from mlflow.entities import Metric, Param
 
         t0 = time.perf_counter()
         run = self.client.create_run(
             self.experiment_id, run_name=f"trial-{number:04d}",
-            tags={"mlflow.parentRunId": self.parent_id, "dse.trial_number": str(number)})
+            tags={"mlflow.parentRunId": self.parent_id, "dse.trial_number": str(number),
+                  **{k: _param(v) for k, v in tags.items()}})
         rid = run.info.run_id
+        self.calls["create_run"] += 1
         ts = int(time.time() * 1000)
         self.client.log_batch(
             rid,
             metrics=[Metric(metric_name(k), float(v), ts, 0) for k, v in metrics.items()],
-            params=[Param(k, _param(v)) for k, v in params.items()],
-            tags=[RunTag(k, _param(v)) for k, v in tags.items()])
+            params=[Param(k, _param(v)) for k, v in params.items()])
+        self.calls["log_batch"] += 1
         if files:
-            with tempfile.TemporaryDirectory(prefix="dse-art-") as tmp:
-                for name, obj in files.items():
-                    path = Path(tmp) / name
-                    if hasattr(obj, "to_csv"):
-                        obj.to_csv(path, index=False)
-                    elif isinstance(obj, (dict, list)):
-                        path.write_text(json.dumps(obj, indent=2))
-                    else:
-                        path.write_text(str(obj))
-                if "requests.csv" in files:
-                    latency_histogram_png(files["requests.csv"], Path(tmp) / HISTOGRAM)
-                self.client.log_artifacts(rid, tmp)
+            self._write_artifacts(rid, run.info.artifact_uri, files)
         self.client.set_terminated(rid, status="FINISHED" if tags.get("state") != "FAIL"
                                    else "FAILED")
+        self.calls["set_terminated"] += 1
         self.seconds += time.perf_counter() - t0
         return rid
+
+    def _write_artifacts(self, rid: str, artifact_uri: str, files: dict[str, Any]) -> None:
+        folder = local_artifact_dir(artifact_uri)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_files(folder, files)
+            self.calls["artifacts_direct"] += 1
+            return
+        with tempfile.TemporaryDirectory(prefix="dse-art-") as tmp:
+            _write_files(Path(tmp), files)
+            self.client.log_artifacts(rid, tmp)
+        self.calls["log_artifacts"] += 1
 
     def delete_trial_runs(self, numbers: list[int]) -> int:
         """Remove children of trials that are being re-run (a driver killed mid-record)."""
@@ -301,6 +353,7 @@ class TrackingWriter:
         self.logged = 0
         self.failed = 0
         self.wait_s = 0.0  # how long close() waited for the queue to drain
+        self.cpu_s = 0.0  # CPU seconds of the thread (store opening included)
 
     # ------------------------------------------------------------ the driver's side
     @property
@@ -389,6 +442,13 @@ class TrackingWriter:
 
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
+        t0 = time.thread_time()
+        try:
+            self._serve()
+        finally:
+            self.cpu_s = time.thread_time() - t0
+
+    def _serve(self) -> None:
         import logging
 
         log = logging.getLogger(__name__)

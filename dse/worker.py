@@ -83,6 +83,24 @@ class _Workloads:
         return self._cache[key]
 
 
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of its children, live ones too
+    (psutil where installed, as with Ray; else the children already waited for)."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    try:
+        import psutil
+    except ImportError:
+        return total
+    for child in psutil.Process().children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            continue
+    return total
+
+
 _BACKENDS: dict = {}
 
 
@@ -189,6 +207,11 @@ class SimWorker:
 
     def where(self) -> tuple[str, str]:
         return self.node
+
+    def cpu(self) -> float:
+        """CPU seconds this worker has used: its process and its children (the
+        astra-sim processes it owns)."""
+        return process_cpu_s()
 
     def run(self, task: dict) -> TrialResult:
         # an actor owns one long-lived astra-sim process unless the space chose inproc
