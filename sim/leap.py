@@ -155,7 +155,7 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
         if accounted or not sch.reserve_full:
             block_hash = kv.block_hash
             for k, bid in enumerate(islice(kv.free, pops_through[max_steps - 1])):
-                if block_hash.get(bid) in watched:
+                if block_hash[bid] in watched:
                     max_steps = min(max_steps, bisect_right(pops_through, k))
                     break
         if max_steps and _caches_watched(sch, watched, max_steps, computed0, output0):
