@@ -322,6 +322,33 @@ class KVCacheManager:
                 self.cache_blocks(req, n)
         return True
 
+    def grow_one(self, req: Request) -> bool:
+        """``allocate(req, 1)`` for a request without a prefix hit whose blocks hold its
+        computed tokens: room for one more token (a new block when its blocks are full)
+        and its full blocks cached; False if no block is free."""
+        bs = self.block_size
+        nc = req.num_computed + 1
+        bids = req.block_ids
+        if nc > len(bids) * bs:
+            free = self.free
+            bid = free.next_fresh
+            if bid < free.end:
+                free.next_fresh = bid + 1
+            elif free.recycled:
+                bid = free.recycled.popitem(last=False)[0]
+                if self.block_hash[bid] is not None:
+                    self._evict(bid)
+            else:
+                return False
+            self.ref[bid] = 1
+            bids.append(bid)
+        if self.enable_prefix_caching:
+            known = req.input_len + req.num_output
+            n = nc if nc < known else known
+            if n // bs > (req.cached_hashes or 0):
+                self.cache_blocks(req, n)
+        return True
+
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
         recycled, ref = self.free.recycled, self.ref

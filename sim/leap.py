@@ -22,7 +22,6 @@ leaping off, and ``tests/sim/test_sim_leap.py`` checks both give byte-identical 
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, islice
@@ -44,6 +43,8 @@ class LeapPlan:
     #: per request: tokens computed and generated when the stretch starts
     computed0: list[int]
     output0: list[int]
+    #: per request: the step whose token starts its next block
+    firsts: list[int]
     #: blocks each step allocates, and their running total
     pops: list[int]
     pops_through: list[int]
@@ -85,27 +86,47 @@ def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
 
 
 def plan_leap(sch: Scheduler) -> LeapPlan | None:
-    """Bound a stretch of steady decode steps (``steady_decode`` must hold), or None."""
+    """Bound a stretch of steady decode steps (``steady_decode`` must hold), or None.
+    One pass over the running requests gathers their counters, the completions before
+    the first finish and the step at which each starts its next block."""
     running = sch.running
     kv = sch.kv
     bs = kv.block_size
-    max_len = sch.max_model_len
-    computed0 = [r.num_computed for r in running]
-    output0 = [r.num_output for r in running]
+    room = sch.max_model_len
+    computed0: list[int] = []
+    output0: list[int] = []
+    firsts: list[int] = []
     # No completion in the stretch may finish a request (its output length or max_model_len).
-    max_completions = min(min(r.output_len - r.num_output, max_len - r.input_len - r.num_output)
-                          for r in running) - 1
-    if max_completions < 1:
+    max_completions = 1 << 62
+    kv_max = 0
+    kv_min = 1 << 62
+    for r in running:
+        c0 = r.num_computed
+        o0 = r.num_output
+        computed0.append(c0)
+        output0.append(o0)
+        left = r.output_len - o0
+        if left < max_completions:
+            max_completions = left
+        left = room - r.input_len - o0
+        if left < max_completions:
+            max_completions = left
+        if c0 > kv_max:
+            kv_max = c0
+        if c0 < kv_min:
+            kv_min = c0
+        firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
+    max_completions -= 1
+    if max_completions < 1 or min(firsts) < 0:
         return None
     # Steps the running requests can take: block allocations counted against free blocks.
     max_steps = max_completions + 1
     pops = [0] * max_steps
-    for r, c0 in zip(running, computed0):
-        first = len(r.block_ids) * bs - c0  # the step whose token starts a new block
-        if first < 0:
-            return None
-        for j in range(first, max_steps, bs):
-            pops[j] += 1
+    for f in firsts:
+        if f < max_steps:
+            pops[f] += 1
+    for j in range(bs, max_steps):
+        pops[j] += pops[j - bs]
     pops_through = list(accumulate(pops))
     free0 = kv.num_free
     max_steps = min(max_steps, bisect_right(pops_through, free0))
@@ -120,9 +141,8 @@ def plan_leap(sch: Scheduler) -> LeapPlan | None:
                                                         pops_through, free0, computed0, output0)
     if max_steps < 1:
         return None
-    kv_sum0 = sum(computed0)
-    return LeapPlan(max_steps, max_completions, computed0, output0, pops, pops_through, free0,
-                    kv_sum0, max(computed0), min(computed0), head_lookup)
+    return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
+                    free0, sum(computed0), kv_max, kv_min, head_lookup)
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -270,67 +290,78 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     a step that starts a block or fills one (allocate), and (async) a completion that
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
-    within a phase."""
+    within a phase. Each candidate phase (``_candidates``) re-checks the exact condition."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
-    async_ = sch.async_scheduling
-    ph = 1 if async_ else 0
+    ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    events: list[tuple[int, int]] = []
-    for i, r in enumerate(running):
-        phase = _next_phase(r, plan.computed0[i], plan.output0[i], -1, bs, caching, async_)
-        events.append((phase, i))
-    heapq.heapify(events)
-    last_phase = max(2 * (steps - 1), 2 * done - 1)
+    n = len(running)
+    keys = _candidates(sch, plan, steps, done)
+    keys.sort()
+    computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
-    while events and events[0][0] <= last_phase:
-        phase, i = heapq.heappop(events)
+    prev = -1
+    for key in keys:
+        if key == prev:
+            continue
+        prev = key
+        phase, i = divmod(key, n)
         r = running[i]
-        c0, o0 = plan.computed0[i], plan.output0[i]
         if phase % 2 == 0:
-            if phase // 2 < steps:
-                j = phase // 2
-                r.num_computed, r.num_output = c0 + j, o0 + j
-                nc = c0 + j + 1
-                known = r.input_len + r.num_output
-                if nc > len(r.block_ids) * bs or (caching and (
-                        nc if nc < known else known) // bs > (r.cached_hashes or 0)):
-                    if not kv.allocate(r, 1):
-                        raise RuntimeError("event leap: a planned block allocation failed")
-        elif (phase + 1) // 2 <= done:
+            j = phase // 2
+            c = r.num_computed = computed0[i] + j
+            o = r.num_output = output0[i] + j
+            known = r.input_len + o
+            if c >= len(r.block_ids) * bs or (caching and (
+                    c + 1 if c < known else known) // bs > (r.cached_hashes or 0)):
+                if not kv.grow_one(r):
+                    raise RuntimeError("event leap: a planned block allocation failed")
+        else:
             k = (phase + 1) // 2
-            r.num_computed, r.num_output = c0 + k, o0 + k
-            n = r.num_computed - ph
-            if n // bs > (r.cached_hashes or 0):
-                kv.cache_blocks(r, n)
-        nxt = _next_phase(r, c0, o0, phase, bs, caching, async_)
-        heapq.heappush(events, (nxt, i))
+            c = r.num_computed = computed0[i] + k
+            r.num_output = output0[i] + k
+            if (c - ph) // bs > (r.cached_hashes or 0):
+                kv.cache_blocks(r, c - ph)
     if free_before - kv.num_free != plan.pops_through[steps - 1]:
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _next_phase(r, c0: int, o0: int, after: int, bs: int, caching: bool, async_: bool) -> int:
-    """The first phase after ``after`` at which request ``r`` may leave the fast path
-    (a lower bound: the event re-checks the exact condition)."""
-    cached = r.cached_hashes or 0
-    # scheduling step j: nc = c0 + j + 1 tokens need blocks; min(nc, known) tokens cached
-    j = len(r.block_ids) * bs - c0
-    if caching:
-        base = min(c0 + 1, r.input_len + o0)  # min(nc, known) at j = 0; both grow by one
-        jc = (cached + 1) * bs - base
-        if jc < j:
-            j = jc
-    j_min = after // 2 + 1 if after >= 0 else 0
-    if j < j_min:
-        j = j_min
-    best = 2 * j
-    if async_ and caching:
-        # completion k (async): num_computed - placeholders = c0 + k - 1 tokens cached
-        k = (cached + 1) * bs - c0 + 1
-        k_min = (after + 1) // 2 + 1 if after >= 0 else 1
-        if k < k_min:
-            k = k_min
-        if 2 * k - 1 < best:
-            best = 2 * k - 1
-    return best
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> list[int]:
+    """Phases (as ``phase * len(running) + index``) at which a request may leave the fast
+    path: a superset of where it does. Its allocations are exact (one block every
+    ``block_size`` steps from ``plan.firsts``); a block fills when the tokens to cache
+    cross a multiple of the block size, or at once when its cache lags at the start."""
+    bs = sch.kv.block_size
+    n = len(sch.running)
+    period = 2 * bs * n
+    sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
+    keys: list[int] = []
+    extend = keys.extend
+    for i, f in enumerate(plan.firsts):
+        if f < steps:
+            extend(range(2 * f * n + i, sched_end, period))
+    if not sch.kv.enable_prefix_caching:
+        return keys
+    async_ = sch.async_scheduling
+    done_end = (2 * done - 1) * n + n
+    for i, r in enumerate(sch.running):
+        c0 = plan.computed0[i]
+        cached = r.cached_hashes or 0
+        # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
+        base = min(c0 + 1, r.input_len + plan.output0[i])
+        j = (cached + 1) * bs - base
+        if j < steps:
+            if j <= 0:
+                keys.append(i)
+                j = (-base) % bs or bs
+            extend(range(2 * j * n + i, sched_end, period))
+        if async_ and done:
+            # completion k caches c0 + k - 1 tokens
+            k = (cached + 1) * bs - c0 + 1
+            if k <= done:
+                if k <= 1:
+                    keys.append(n + i)
+                    k = 1 + ((-c0) % bs or bs)
+                extend(range((2 * k - 1) * n + i, done_end, period))
+    return keys
