@@ -771,13 +771,21 @@ class _Run:
         else:  # async: step j runs after the step in flight, completions start with it
             completions = [own_step[0]]
             t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
-        stretch = None
         timer = getattr(self.backend, "decode_stretch", None)
-        if timer is not None and limit > 1:
-            stretch = timer(inst, step_shape(plan, n, 0), limit)
+        if limit < 2:
+            timer = None
+        stretch, lo, chunk = None, 0, 16  # timed in chunks (16 steps, doubling)
         for j in range(limit):
+            if timer is not None:
+                if j == lo + (len(stretch.durations) if stretch is not None else 0):
+                    if stretch is not None:
+                        stretch.record(len(stretch.durations))
+                    lo, stretch = j, timer(inst, step_shape(plan, n, j), min(chunk, limit - j))
+                    chunk *= 2
+                    if stretch is None:
+                        timer = None
             if stretch is not None:
-                d = stretch.durations[j]
+                d = stretch.durations[j - lo]
             else:
                 d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
             d = d if d > 1 else 1
@@ -789,7 +797,7 @@ class _Run:
             completions.append(end)
             t = end
         if stretch is not None:
-            stretch.record(len(durations))
+            stretch.record(len(durations) - lo)
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
