@@ -744,7 +744,8 @@ class _Run:
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
-        self._apply_leap(unit, idx, plan, durations, completions)
+        first = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
+        self._apply_leap(unit, idx, plan, durations, completions, first)
         return True
 
     def _horizon(self, own_step) -> int:
@@ -801,16 +802,21 @@ class _Run:
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int]) -> None:
+                    completions: list[int], in_flight) -> None:
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
         batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
         n = len(sch.running)
         usable = sch.kv.num_blocks
+        waiting = len(sch.waiting)
         for k, t in enumerate(completions):
             free = plan.free0 - plan.pops_through[k]
-            self.series.record(t, 0, n, n, len(sch.waiting), (usable - free) / usable)
+            if k == 0 and in_flight is not None:  # it may finish prompts
+                self.series.record(t, in_flight.prefill_tokens, in_flight.decode_tokens, n,
+                                   waiting, (usable - free) / usable)
+            else:
+                self.series.record(t, 0, n, n, waiting, (usable - free) / usable)
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:

@@ -61,24 +61,26 @@ class LeapPlan:
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
     """Whether every running request is in steady decode: its next step computes one
-    token and samples one, and (async) its one step in flight is ``in_flight``, a pure
-    decode of the same requests in the same order."""
+    token and samples one, and (async) its one step in flight is ``in_flight``, a step of
+    the same requests in the same order in which each samples a token (a decode, or the
+    last chunk of its prompt: the stretch starts while that step finishes prompts)."""
     running = sch.running
     if (not running or sch.role is not None or sch.receiving or sch.handoffs
             or sch.admitted_transfers or sch.budget < len(running)):
         return False
     ph = 1 if sch.async_scheduling else 0
     if ph:
-        if (in_flight is None or in_flight.prefill_tokens or len(in_flight.requests) != len(running)
-                or in_flight.decode_tokens != len(running) or not all(in_flight.samples)):
+        if (in_flight is None or len(in_flight.requests) != len(running)
+                or not all(in_flight.samples)):
             return False
         for a, b in zip(in_flight.requests, running):
             if a is not b:
                 return False
     elif in_flight is not None:
         return False
+    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
     for r in running:
-        if (r.status != RUNNING or r.num_placeholders != ph or r.num_output < 1
+        if (r.status != RUNNING or r.num_placeholders != ph or r.num_output < first
                 or r.num_computed < r.input_len
                 or r.input_len + r.num_output + ph - r.num_computed != 1):
             return False
@@ -258,27 +260,35 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
         r.num_computed = c0 + steps
         r.num_output = o0 + done
     if done:
-        _emit_tokens(running, completion_ns, itl_sink)
+        _emit_tokens(running, plan.output0, completion_ns, itl_sink)
     if steps == done and not sch.async_scheduling:
         return None
     n = len(running)
     return Batch(list(running), [1] * n, step_shape(plan, n, steps - 1), 0, n, 0, [True] * n)
 
 
-def _emit_tokens(running, completion_ns: list[int], itl_sink: list[int]) -> None:
+def _emit_tokens(running, output0: list[int], completion_ns: list[int],
+                 itl_sink: list[int]) -> None:
     """Each completion gives every request one token: its inter-token gaps in the order
-    ``Scheduler.complete`` appends them."""
+    ``Scheduler.complete`` appends them (a request without output gets its first token
+    at the first completion: no gap)."""
     first = completion_ns[0]
+    last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
     first_gaps = []
-    for r in running:
-        g = first - r.last_token_ns
-        first_gaps.append(g)
-        m = g if g > common_max else common_max
+    append = first_gaps.append
+    for r, o0 in zip(running, output0):
+        if o0:
+            g = first - r.last_token_ns
+            append(g)
+            m = g if g > common_max else common_max
+        else:
+            r.first_token_ns = first
+            m = common_max
         if m > r.itl_max_ns:
             r.itl_max_ns = m
-        r.last_token_ns = completion_ns[-1]
+        r.last_token_ns = last
     itl_sink.extend(first_gaps)
     n = len(running)
     for g in gaps:
