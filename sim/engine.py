@@ -737,7 +737,7 @@ class _Run:
         horizon = self._horizon(b1)
         if b1 is not None and b1[0] >= horizon:
             return False
-        plan = plan_leap(sch)
+        plan = plan_leap(sch, b1[3][0][1] if b1 is not None else None)
         if plan is None:
             return False
         durations, completions = self._leap_times(idx, plan, b1, horizon)

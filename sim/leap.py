@@ -60,40 +60,32 @@ class LeapPlan:
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
-    """Whether every running request is in steady decode: its next step computes one
-    token and samples one, and (async) its one step in flight is ``in_flight``, a step of
-    the same requests in the same order in which each samples a token (a decode, or the
-    last chunk of its prompt: the stretch starts while that step finishes prompts)."""
+    """Whether the scheduler may be in steady decode (the checks that do not look at each
+    request; ``plan_leap`` checks the requests): a plain instance, nothing to hand off or
+    receive, a budget for one token each, and (async) one step in flight, in which every
+    request samples a token (a decode, or the last chunk of its prompt: the stretch starts
+    while that step finishes prompts)."""
     running = sch.running
     if (not running or sch.role is not None or sch.receiving or sch.handoffs
             or sch.admitted_transfers or sch.budget < len(running)):
         return False
-    ph = 1 if sch.async_scheduling else 0
-    if ph:
-        if (in_flight is None or len(in_flight.requests) != len(running)
-                or not all(in_flight.samples)):
-            return False
-        for a, b in zip(in_flight.requests, running):
-            if a is not b:
-                return False
-    elif in_flight is not None:
-        return False
-    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
-    for r in running:
-        if (r.status != RUNNING or r.num_placeholders != ph or r.num_output < first
-                or r.num_computed < r.input_len
-                or r.input_len + r.num_output + ph - r.num_computed != 1):
-            return False
-    return True
+    if sch.async_scheduling:
+        return (in_flight is not None and len(in_flight.requests) == len(running)
+                and all(in_flight.samples))
+    return in_flight is None
 
 
-def plan_leap(sch: Scheduler) -> LeapPlan | None:
-    """Bound a stretch of steady decode steps (``steady_decode`` must hold), or None.
-    One pass over the running requests gathers their counters, the completions before
-    the first finish and the step at which each starts its next block."""
+def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
+    """Bound a stretch of steady decode steps, or None where there is none
+    (``steady_decode`` must hold). One pass over the running requests checks that each
+    is in steady decode (its next step computes one token and samples one; async: its
+    one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
+    the completions before the first finish and the step at which each starts its next
+    block."""
     running = sch.running
-    kv = sch.kv
-    bs = kv.block_size
+    ph = 1 if sch.async_scheduling else 0
+    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
+    bs = sch.kv.block_size
     room = sch.max_model_len
     computed0: list[int] = []
     output0: list[int] = []
@@ -102,15 +94,19 @@ def plan_leap(sch: Scheduler) -> LeapPlan | None:
     max_completions = 1 << 62
     kv_max = 0
     kv_min = 1 << 62
-    for r in running:
+    for r, q in zip(running, in_flight.requests if ph else running):
         c0 = r.num_computed
         o0 = r.num_output
+        inp = r.input_len
+        if (q is not r or r.status != RUNNING or r.num_placeholders != ph or o0 < first
+                or c0 < inp or inp + o0 + ph - c0 != 1):
+            return None
         computed0.append(c0)
         output0.append(o0)
         left = r.output_len - o0
         if left < max_completions:
             max_completions = left
-        left = room - r.input_len - o0
+        left = room - inp - o0
         if left < max_completions:
             max_completions = left
         if c0 > kv_max:
@@ -121,20 +117,11 @@ def plan_leap(sch: Scheduler) -> LeapPlan | None:
     max_completions -= 1
     if max_completions < 1 or min(firsts) < 0:
         return None
-    # Steps the running requests can take: block allocations counted against free blocks.
-    max_steps = max_completions + 1
-    pops = [0] * max_steps
-    for f in firsts:
-        if f < max_steps:
-            pops[f] += 1
-    for j in range(bs, max_steps):
-        pops[j] += pops[j - bs]
-    pops_through = list(accumulate(pops))
-    free0 = kv.num_free
-    max_steps = min(max_steps, bisect_right(pops_through, free0))
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1)
     head_lookup = None
     waiting = sch.waiting
     budget_left = sch.budget - len(running)
+    free0 = sch.kv.num_free
     if max_steps and waiting and budget_left > 0 and len(running) < sch.max_num_seqs:
         head = waiting[0]
         if head.remote_kv:
@@ -145,6 +132,20 @@ def plan_leap(sch: Scheduler) -> LeapPlan | None:
         return None
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, sum(computed0), kv_max, kv_min, head_lookup)
+
+
+def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int):
+    """(blocks each step allocates, their running total, the steps the free blocks
+    allow): request i takes one at step firsts[i] and every block_size steps after."""
+    bs = sch.kv.block_size
+    pops = [0] * max_steps
+    for f in firsts:
+        if f < max_steps:
+            pops[f] += 1
+    for j in range(bs, max_steps):
+        pops[j] += pops[j - bs]
+    pops_through = list(accumulate(pops))
+    return pops, pops_through, min(max_steps, bisect_right(pops_through, sch.kv.num_free))
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
