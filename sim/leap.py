@@ -257,29 +257,33 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
         hit_blocks, tokens = plan.head_lookup
         sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
         sch.kv.queried_tokens += steps * tokens
-    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
-        r.num_computed = c0 + steps
-        r.num_output = o0 + done
     if done:
-        _emit_tokens(running, plan.output0, completion_ns, itl_sink)
+        _emit_tokens(running, plan, steps, completion_ns, itl_sink)
+    else:
+        for r, c0 in zip(running, plan.computed0):
+            r.num_computed = c0 + steps
     if steps == done and not sch.async_scheduling:
         return None
     n = len(running)
     return Batch(list(running), [1] * n, step_shape(plan, n, steps - 1), 0, n, 0, [True] * n)
 
 
-def _emit_tokens(running, output0: list[int], completion_ns: list[int],
+def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
                  itl_sink: list[int]) -> None:
-    """Each completion gives every request one token: its inter-token gaps in the order
+    """Set each request's counters after ``steps`` steps and the completions; each
+    completion gives every request one token: its inter-token gaps in the order
     ``Scheduler.complete`` appends them (a request without output gets its first token
     at the first completion: no gap)."""
+    done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
     first_gaps = []
     append = first_gaps.append
-    for r, o0 in zip(running, output0):
+    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
+        r.num_computed = c0 + steps
+        r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
             append(g)
