@@ -211,9 +211,11 @@ class KVCacheManager:
         full = num_tokens // self.block_size
         if full <= start:
             return
-        hashes = block_hashes(req, self.block_size, full)
-        if len(hashes) < full:
-            full = len(hashes)
+        hashes = req.block_hashes
+        if hashes is None or len(hashes) < full:
+            hashes = block_hashes(req, self.block_size, full)
+            if len(hashes) < full:
+                full = len(hashes)
         first, bh, bids = self.first, self.block_hash, req.block_ids
         for i in range(start, full):
             bid = bids[i]
@@ -243,17 +245,19 @@ class KVCacheManager:
         if h is None:
             return
         self.block_hash[bid] = None
-        dups = self.dups.get(h)
-        if self.first[h] == bid:
+        first = self.first
+        if first[h] == bid:
+            dups = self.dups.get(h)
             if dups is None:
-                del self.first[h]
+                del first[h]
             else:  # the next one cached takes its place
                 nxt = next(iter(dups))
-                self.first[h] = nxt
+                first[h] = nxt
                 del dups[nxt]
                 if not dups:
                     del self.dups[h]
         else:
+            dups = self.dups[h]
             del dups[bid]
             if not dups:
                 del self.dups[h]
