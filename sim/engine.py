@@ -738,14 +738,20 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         plan = plan_leap(sch, b1[3][0][1] if b1 is not None else None)
-        if plan is None:
-            return False
+        if plan is None or (plan.leaving and (self.clients > 0 or any(
+                sch.running[i].next_sub is not None for i in plan.leaving))):
+            return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
         first = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
+        leaving = [sch.running[i] for i in plan.leaving]
         self._apply_leap(unit, idx, plan, durations, completions, first)
+        if leaving:
+            self.remaining -= len(leaving)
+            if self.progress is not None:
+                self.progress.update(len(self.all_reqs) - self.remaining, completions[0])
         return True
 
     def _horizon(self, own_step) -> int:
@@ -764,7 +770,7 @@ class _Run:
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
         flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
-        n = len(inst.scheduler.running)
+        n = plan.num_stay
         durations: list[int] = []
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
@@ -811,7 +817,7 @@ class _Run:
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
         for k, t in enumerate(completions):
-            free = plan.free0 - plan.pops_through[k]
+            free = plan.free0 + plan.freed - plan.pops_through[k]  # (freed at the first)
             if k == 0 and in_flight is not None:  # it may finish prompts
                 self.series.record(t, in_flight.prefill_tokens, in_flight.decode_tokens, n,
                                    waiting, (usable - free) / usable)

@@ -28,7 +28,7 @@ from itertools import accumulate, islice
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
-from sim.request import RUNNING
+from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
 
@@ -57,6 +57,12 @@ class LeapPlan:
     #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
     #: queried tokens), or None when the head is not looked up
     head_lookup: tuple[int, int] | None
+    #: (async) indices of the requests whose step in flight is their last: not scheduled
+    #: again, they finish at the first completion, which frees ``freed`` blocks
+    leaving: list[int]
+    freed: int
+    #: the requests each step of the stretch decodes
+    num_stay: int
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
@@ -81,7 +87,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     is in steady decode (its next step computes one token and samples one; async: its
     one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
     the completions before the first finish and the step at which each starts its next
-    block."""
+    block. (Async) a request whose step in flight is its last leaves at the first
+    completion (where nothing waits: its blocks freed could admit a request)."""
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
@@ -92,8 +99,9 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     firsts: list[int] = []
     # No completion in the stretch may finish a request (its output length or max_model_len).
     max_completions = 1 << 62
-    kv_max = 0
+    kv_max = kv_sum = 0
     kv_min = 1 << 62
+    leaving: list[int] = []
     for r, q in zip(running, in_flight.requests if ph else running):
         c0 = r.num_computed
         o0 = r.num_output
@@ -104,20 +112,26 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
         computed0.append(c0)
         output0.append(o0)
         left = r.output_len - o0
+        if room - inp - o0 < left:
+            left = room - inp - o0
+        if left == 1 and ph:
+            leaving.append(len(firsts))
+            firsts.append(NEVER)
+            continue
         if left < max_completions:
             max_completions = left
-        left = room - inp - o0
-        if left < max_completions:
-            max_completions = left
+        kv_sum += c0
         if c0 > kv_max:
             kv_max = c0
         if c0 < kv_min:
             kv_min = c0
         firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
     max_completions -= 1
-    if max_completions < 1 or min(firsts) < 0:
+    if (max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running)
+            or (leaving and sch.waiting)):
         return None
-    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1)
+    freed = _freed_blocks(sch, [running[i] for i in leaving])
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, freed)
     head_lookup = None
     waiting = sch.waiting
     budget_left = sch.budget - len(running)
@@ -131,12 +145,31 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     if max_steps < 1:
         return None
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, sum(computed0), kv_max, kv_min, head_lookup)
+                    free0, kv_sum, kv_max, kv_min, head_lookup, leaving, freed,
+                    len(running) - len(leaving))
 
 
-def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int):
+#: a first block step for requests that allocate none
+NEVER = 1 << 60
+
+
+def _freed_blocks(sch: Scheduler, leaving: list) -> int:
+    """Blocks that freeing these requests returns to the free queue (those no other
+    request holds)."""
+    if not leaving:
+        return 0
+    ref = sch.kv.ref
+    held: dict[int, int] = {}
+    for r in leaving:
+        for b in r.block_ids:
+            held[b] = held.get(b, 0) + 1
+    return sum(1 for b, k in held.items() if ref[b] == k)
+
+
+def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
     """(blocks each step allocates, their running total, the steps the free blocks
-    allow): request i takes one at step firsts[i] and every block_size steps after."""
+    allow): request i takes one at step firsts[i] and every block_size steps after;
+    ``freed`` blocks join the free ones after step 0."""
     bs = sch.kv.block_size
     pops = [0] * max_steps
     for f in firsts:
@@ -145,7 +178,10 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int):
     for j in range(bs, max_steps):
         pops[j] += pops[j - bs]
     pops_through = list(accumulate(pops))
-    return pops, pops_through, min(max_steps, bisect_right(pops_through, sch.kv.num_free))
+    free = sch.kv.num_free
+    if pops_through[0] > free:
+        return pops, pops_through, 0
+    return pops, pops_through, min(max_steps, bisect_right(pops_through, free + freed))
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -262,6 +298,9 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     else:
         for r, c0 in zip(running, plan.computed0):
             r.num_computed = c0 + steps
+    if plan.leaving:
+        gone = set(plan.leaving)
+        sch.running = running = [r for i, r in enumerate(running) if i not in gone]
     if steps == done and not sch.async_scheduling:
         return None
     n = len(running)
@@ -273,12 +312,13 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     """Set each request's counters after ``steps`` steps and the completions; each
     completion gives every request one token: its inter-token gaps in the order
     ``Scheduler.complete`` appends them (a request without output gets its first token
-    at the first completion: no gap)."""
+    at the first completion: no gap). The leaving ones finish at the first completion."""
     done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
+    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in plan.leaving]
     first_gaps = []
     append = first_gaps.append
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
@@ -294,8 +334,17 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if m > r.itl_max_ns:
             r.itl_max_ns = m
         r.last_token_ns = last
+    for i, itl_max, last_token in before:
+        r = running[i]
+        r.num_computed = plan.computed0[i]
+        r.num_output = plan.output0[i] + 1
+        r.num_placeholders = 0
+        r.status = FINISHED
+        r.finish_ns = r.last_token_ns = first
+        g = first - last_token if plan.output0[i] else 0
+        r.itl_max_ns = g if g > itl_max else itl_max
     itl_sink.extend(first_gaps)
-    n = len(running)
+    n = plan.num_stay
     for g in gaps:
         itl_sink.extend([g] * n)
 
@@ -305,14 +354,16 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     a step that starts a block or fills one (allocate), and (async) a completion that
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
-    within a phase. Each candidate phase (``_candidates``) re-checks the exact condition."""
+    within a phase, and (async) the leaving requests' blocks freed after the first
+    completion. Each candidate phase (``_candidates``) re-checks the exact condition."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
     ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    n = len(running)
-    keys = _candidates(sch, plan, steps, done)
+    n = len(running) + 1  # index len(running): the leaving requests' blocks freed
+    leaving = set(plan.leaving)
+    keys = _candidates(sch, plan, steps, done, n)
     keys.sort()
     computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
@@ -322,6 +373,10 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
             continue
         prev = key
         phase, i = divmod(key, n)
+        if i == n - 1:
+            for i in plan.leaving:
+                kv.free_request(running[i])
+            continue
         r = running[i]
         if phase % 2 == 0:
             j = phase // 2
@@ -336,19 +391,22 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
             k = (phase + 1) // 2
             c = r.num_computed = computed0[i] + k
             r.num_output = output0[i] + k
+            if i in leaving:  # not scheduled again: nothing in flight after this one
+                r.num_computed = computed0[i]
+                c = computed0[i] + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
                 kv.cache_blocks(r, c - ph)
-    if free_before - kv.num_free != plan.pops_through[steps - 1]:
+    if free_before - kv.num_free != plan.pops_through[steps - 1] - plan.freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> list[int]:
-    """Phases (as ``phase * len(running) + index``) at which a request may leave the fast
-    path: a superset of where it does. Its allocations are exact (one block every
-    ``block_size`` steps from ``plan.firsts``); a block fills when the tokens to cache
-    cross a multiple of the block size, or at once when its cache lags at the start."""
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+    """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
+    superset of where it does. Its allocations are exact (one block every ``block_size``
+    steps from ``plan.firsts``); a block fills when the tokens to cache cross a multiple
+    of the block size, or at once when its cache lags at the start. A leaving request
+    has only the first completion, after which its blocks are freed (index n - 1)."""
     bs = sch.kv.block_size
-    n = len(sch.running)
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
     keys: list[int] = []
@@ -356,11 +414,17 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> list[i
     for i, f in enumerate(plan.firsts):
         if f < steps:
             extend(range(2 * f * n + i, sched_end, period))
+    if plan.leaving:
+        keys.append(2 * n - 1)
     if not sch.kv.enable_prefix_caching:
         return keys
     async_ = sch.async_scheduling
     done_end = (2 * done - 1) * n + n
+    leaving = set(plan.leaving)
     for i, r in enumerate(sch.running):
+        if i in leaving:
+            keys.append(n + i)
+            continue
         c0 = plan.computed0[i]
         cached = r.cached_hashes or 0
         # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
