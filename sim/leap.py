@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from itertools import accumulate, chain, islice
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
@@ -127,43 +127,47 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
             kv_min = c0
         firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
     max_completions -= 1
-    if (max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running)
-            or (leaving and sch.waiting)):
+    if max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running):
         return None
     freed = _freed_blocks(sch, [running[i] for i in leaving])
-    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, freed)
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, len(freed))
     head_lookup = None
     waiting = sch.waiting
-    budget_left = sch.budget - len(running)
+    stay = len(running) - len(leaving)
+    budget_left = sch.budget - stay
     free0 = sch.kv.num_free
-    if max_steps and waiting and budget_left > 0 and len(running) < sch.max_num_seqs:
+    if max_steps and waiting and budget_left > 0 and stay < sch.max_num_seqs:
         head = waiting[0]
-        if head.remote_kv:
-            return None
+        if head.remote_kv or len(running) >= sch.max_num_seqs:
+            return None  # (the leaving requests' seats free up for step 1)
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
-                                                        pops_through, free0, computed0, output0)
+                                                        pops_through, free0, computed0, output0,
+                                                        freed)
     if max_steps < 1:
         return None
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, kv_sum, kv_max, kv_min, head_lookup, leaving, freed,
-                    len(running) - len(leaving))
+                    free0, kv_sum, kv_max, kv_min, head_lookup, leaving, len(freed), stay)
 
 
 #: a first block step for requests that allocate none
 NEVER = 1 << 60
 
 
-def _freed_blocks(sch: Scheduler, leaving: list) -> int:
-    """Blocks that freeing these requests returns to the free queue (those no other
-    request holds)."""
+def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
+    """Blocks that freeing these requests (in order, each one's last block first)
+    appends to the free queue: those no other request holds."""
     if not leaving:
-        return 0
+        return []
     ref = sch.kv.ref
-    held: dict[int, int] = {}
+    left: dict[int, int] = {}
+    out = []
     for r in leaving:
-        for b in r.block_ids:
-            held[b] = held.get(b, 0) + 1
-    return sum(1 for b, k in held.items() if ref[b] == k)
+        for b in reversed(r.block_ids):
+            k = left.get(b, ref[b]) - 1
+            left[b] = k
+            if k == 0:
+                out.append(b)
+    return out
 
 
 def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
@@ -186,7 +190,8 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
                            pops_through: list[int], free0: int, computed0: list[int],
-                           output0: list[int]) -> tuple[int, tuple[int, int] | None]:
+                           output0: list[int], freed: list[int]
+                           ) -> tuple[int, tuple[int, int] | None]:
     """Steps before the waiting head could be admitted, and what its lookup accounts.
 
     With no block holding one of its hashes cached anew, its prefix hit can only shrink
@@ -196,7 +201,9 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     admissible at step 0 -> no stretch. Without ``reserve_full_isl`` (a chunk needs
     fewer blocks once the hit is gone), or when the lookup's hit is accounted (a request
     never preempted), the stretch ends before the first step that evicts one of the
-    head's cached blocks."""
+    head's cached blocks. Blocks ``freed`` at the first completion join the free ones
+    once: the head is checked at step 1 too (its hit blocks among them counted as held,
+    which only makes it look more admissible)."""
     kv = sch.kv
     bs = kv.block_size
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
@@ -205,6 +212,9 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     hit = kv.lookup(head) if looked_up else []
     if _head_admissible(sch, head, hit, free0 - pops_through[0], budget):
         return 0, None
+    if freed and max_steps > 1 and _head_admissible(
+            sch, head, hit, free0 + len(freed) - pops_through[1], budget):
+        max_steps = 1
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
@@ -213,7 +223,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     if watched:
         if accounted or not sch.reserve_full:
             block_hash = kv.block_hash
-            for k, bid in enumerate(islice(kv.free, pops_through[max_steps - 1])):
+            popped = islice(chain(kv.free, freed), pops_through[max_steps - 1])
+            for k, bid in enumerate(popped):
                 if block_hash[bid] in watched:
                     max_steps = min(max_steps, bisect_right(pops_through, k))
                     break
