@@ -58,6 +58,9 @@ class HardwareSpec:
     #: total device memory as CUDA reports it (torch.cuda.mem_get_info) for a card with
     #: mem_size_GiB; less than the nominal size (driver/firmware reservations). None = nominal.
     mem_reported_bytes: int | None = None
+    #: streaming multiprocessors (CUDA's multi_processor_count); vLLM sizes per-SM buffers
+    #: by it (the Triton top-k/top-p sampler's scratch rows). None = not catalogued.
+    num_sms: int | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -110,6 +113,10 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
     for k, v in opt.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise InputError(f"field {k!r} must be a non-negative number, got {v!r}", source=source)
+    sms = d.get("num_sms")
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0):
+        raise InputError(f"field 'num_sms' must be a positive integer, got {sms!r}",
+                         source=source)
     cc = d.get("compute_capability")
     link_type = str(d.get("link_type") or "")
     derived = "Switch" if link_type.lower().startswith(("nvlink", "pcie")) else "Ring"
@@ -146,6 +153,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         pim_mem_GiB=float(d["pim_mem_GiB"]) if d.get("pim_mem_GiB") is not None else None,
         mem_reported_bytes=(None if opt["mem_reported_bytes"] is None
                             else int(opt["mem_reported_bytes"])),
+        num_sms=sms,
         source=source,
     )
 

@@ -54,6 +54,8 @@ class LeapPlan:
     kv_sum0: int
     kv_max0: int
     kv_min0: int
+    #: step 0's sum of squared decode KVs (step j adds 2 j kv_sum0 + len(running) j^2)
+    kv_sq0: int
     #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
     #: queried tokens), or None when the head is not looked up
     head_lookup: tuple[int, int] | None
@@ -99,7 +101,7 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     firsts: list[int] = []
     # No completion in the stretch may finish a request (its output length or max_model_len).
     max_completions = 1 << 62
-    kv_max = kv_sum = 0
+    kv_max = kv_sum = kv_sq = 0
     kv_min = 1 << 62
     leaving: list[int] = []
     for r, q in zip(running, in_flight.requests if ph else running):
@@ -121,6 +123,7 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
         if left < max_completions:
             max_completions = left
         kv_sum += c0
+        kv_sq += c0 * c0
         if c0 > kv_max:
             kv_max = c0
         if c0 < kv_min:
@@ -146,7 +149,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     if max_steps < 1:
         return None
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, kv_sum, kv_max, kv_min, head_lookup, leaving, len(freed), stay)
+                    free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
+                    stay)
 
 
 #: a first block step for requests that allocate none
@@ -281,7 +285,8 @@ def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: in
 def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
     """Step ``j``'s shape: every request decodes one token over its KV, one longer a step."""
     return BatchShape(num_running, num_running, 0, 0, num_running,
-                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0)
+                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0,
+                      plan.kv_sq0 + 2 * j * plan.kv_sum0 + num_running * j * j)
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,

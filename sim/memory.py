@@ -23,6 +23,7 @@ is fitted to a particular run. Sizes are bytes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.cluster import GiB, InstanceConfig
@@ -37,6 +38,11 @@ MiB = 1 << 20
 # the sorted values (4) and their int64 indices (8), the top-k mask (1), softmax of the
 # sorted values (4) and its cumulative sum (4), the top-p mask (1), and the scattered-back
 # result (4). All are alive together when the scatter runs.
+# This is the sort path of vLLM <= 0.16; vLLM 0.19 runs the Triton top-k/top-p kernel
+# (about half this peak; experiments/vllm_memory_audit.py derives it and checks it against
+# vLLM 0.19.0 logs). It is kept with NON_TORCH_BASE_BYTES below because the two together
+# give the RTX 4090 run's block count and the 0.19 non-torch term is not yet measured on
+# that card (the audit shows the 0.60 GiB it would take); switching one alone does not.
 SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
 
 # Memory a worker holds outside PyTorch's allocator once it has run a forward pass:
@@ -47,6 +53,18 @@ NON_TORCH_BASE_BYTES = int(0.13 * GiB)
 # A worker in a multi-GPU group also holds NCCL's channel buffers and vLLM's custom
 # all-reduce IPC buffers: the same reports show 0.55 GiB for a TP2 worker.
 NON_TORCH_COMM_BYTES = int(0.42 * GiB)
+
+
+def format_gib(num_bytes: int) -> str:
+    """A byte count in GiB as vLLM's log lines write it (vllm.utils.mem_utils.format_gib:
+    rounded to two decimals, no trailing zeros: 15.0, 14.99)."""
+    return f"{round(num_bytes / GiB, 2)}"
+
+
+def blocks_per_request(max_model_len: int, block_size: int) -> int:
+    """Blocks one request of ``max_model_len`` tokens holds: whole blocks, rounded up
+    (vLLM's FullAttentionSpec.max_memory_usage_bytes, cdiv(max_model_len, block_size))."""
+    return -(-max_model_len // block_size)
 
 
 @dataclass(frozen=True)
@@ -64,14 +82,19 @@ class MemoryBudget:
     block_bytes: int
     block_size: int
     num_blocks: int
+    #: the count the memory gives when num_gpu_blocks_override replaced it (else None)
+    profiled_blocks: int | None = None
 
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
     def max_concurrency(self, max_model_len: int) -> float:
-        """vLLM's "Maximum concurrency for N tokens per request": KV tokens / N."""
-        return self.kv_tokens / max_model_len if max_model_len > 0 else 0.0
+        """vLLM's "Maximum concurrency for N tokens per request": the blocks over the whole
+        blocks one request of N tokens needs (get_max_concurrency_for_kv_cache_config)."""
+        if max_model_len <= 0:
+            return 0.0
+        return self.num_blocks / blocks_per_request(max_model_len, self.block_size)
 
     def as_dict(self, max_model_len: int = 0) -> dict:
         d = {k: getattr(self, k) for k in (
@@ -84,18 +107,28 @@ class MemoryBudget:
         return d
 
     def log_lines(self, max_model_len: int = 0) -> list[str]:
-        """The lines vLLM logs at start-up, with this worker's numbers."""
+        """The lines vLLM 0.19 logs at start-up (gpu_model_runner, gpu_worker,
+        kv_cache_utils, metrics/loggers), worded as vLLM words them, with this worker's
+        numbers (vLLM's profiling time is not simulated and left out)."""
+        non_kv = self.weight_bytes + self.activation_bytes + self.non_torch_bytes
         lines = [
-            f"Model loading took {self.weight_bytes / GiB:.2f} GiB",
-            f"Available KV cache memory: {self.kv_bytes / GiB:.2f} GiB "
-            f"(requested {self.requested_bytes / GiB:.2f} GiB = {self.total_bytes / GiB:.2f} GiB"
-            f" x {self.mem_util}; peak activation {self.activation_bytes / GiB:.2f} GiB, "
-            f"non-torch {self.non_torch_bytes / GiB:.2f} GiB)",
-            f"GPU KV cache size: {self.kv_tokens:,} tokens",
+            f"Model loading took {format_gib(self.weight_bytes)} GiB memory",
+            f"worker requested memory: {format_gib(self.requested_bytes)}GiB",
+            f"Total non KV cache memory: {format_gib(non_kv)}GiB; torch peak memory increase: "
+            f"{format_gib(self.activation_bytes)}GiB; non-torch forward increase memory: "
+            f"{format_gib(self.non_torch_bytes)}GiB; weights memory: "
+            f"{format_gib(self.weight_bytes)}GiB.",
+            f"Available KV cache memory: {format_gib(self.kv_bytes)} GiB",
         ]
+        if self.profiled_blocks is not None:
+            lines.append(f"Overriding num_gpu_blocks={self.profiled_blocks} with "
+                         f"num_gpu_blocks_override={self.num_blocks}")
+        lines.append(f"GPU KV cache size: {self.kv_tokens:,} tokens")
         if max_model_len > 0:
             lines.append(f"Maximum concurrency for {max_model_len:,} tokens per request: "
                          f"{self.max_concurrency(max_model_len):.2f}x")
+        lines.append("vllm cache_config_info with initialization after num_gpu_blocks is: "
+                     f"{self.num_blocks}")
         return lines
 
 
@@ -110,6 +143,12 @@ def device_total_bytes(inst: InstanceConfig) -> int:
     except InputError:
         pass  # a device outside the catalogue: its nominal size
     return int(inst.npu_mem.mem_size_gib * GiB * fraction)
+
+
+def request_memory(total: int, mem_util: float) -> int:
+    """vLLM's requested memory (vllm/v1/worker/utils.py request_memory): the device total
+    times gpu_memory_utilization, rounded up to a whole byte."""
+    return math.ceil(total * mem_util)
 
 
 def weight_bytes(model: ModelSpec, tp: int, pp: int, ep: int) -> int:
@@ -193,7 +232,7 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
     ranks, and the profile run's MoE layers see the tokens of the whole group either way."""
     total = device_total_bytes(inst)
     util = inst.npu_mem.mem_util
-    requested = int(total * util)
+    requested = request_memory(total, util)
     tp, pp, ep = inst.tp_size, inst.pp_size, inst.ep_size
     if model.is_moe and ep == 1 and dp > 1:
         ep = dp * tp
@@ -231,10 +270,12 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
             f"{max_num_batched_tokens}, max_num_seqs={max_num_seqs}) - non-torch "
             f"{other / GiB:.2f} leaves {kv / GiB:.3f} GiB; raise npu_mem.mem_util or tp_size, "
             "or lower max_num_batched_tokens/max_num_seqs")
+    profiled = None
     if inst.num_gpu_blocks_override:
-        blocks = inst.num_gpu_blocks_override  # as vLLM: logged, memory left as profiled
+        # as vLLM: logged, memory left as profiled
+        profiled, blocks = int(blocks), inst.num_gpu_blocks_override
     return MemoryBudget(total, util, requested, weights, act, other, kv, block, block_size,
-                        int(blocks))
+                        int(blocks), profiled)
 
 
 def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int,

@@ -193,9 +193,10 @@ class ModelSpec:
 
         Attention and dense MLP weights shard over tp; experts shard over the ep ranks
         (or over tp when ep is 1); the embedding and lm_head shard over tp and live on the first
-        and last pipeline stage. Norms are replicated (negligible). Under ``quant`` (default:
-        the spec's quantization) the linear layers take its bytes per weight; embedding,
-        lm_head, router and norms keep the model dtype (vLLM leaves them unquantized).
+        and last pipeline stage. Norms are replicated (the last stage holds the final one).
+        Under ``quant`` (default: the spec's quantization) the linear layers take its bytes
+        per weight; embedding, lm_head, router and norms keep the model dtype (vLLM leaves
+        them unquantized).
         """
         layers_per_stage = -(-self.num_hidden_layers // pp)
         if pp == 1:
@@ -218,12 +219,15 @@ class ModelSpec:
             mlp = experts * wb + h * self.num_experts * db
         else:
             mlp = self.mlp_params() / tp * wb
-        blocks = layers_per_stage * (attn + mlp + 2 * h * db)
+        norms = 2 * h + (2 * self.head_dim if self.architecture in ("qwen3", "qwen3_moe") else 0)
+        blocks = layers_per_stage * (attn + mlp + norms * db)
         vocab = self.vocab_size * h / tp
         ends = (vocab if embed else 0) + (vocab if head else 0)
         if embed and head and self.tie_word_embeddings:
             ends = vocab
-        return int(blocks + ends * db)
+        # the final RMSNorm (replicated, model dtype) lives beside the lm_head
+        final_norm = h * db if head else 0
+        return int(blocks + ends * db) + final_norm
 
     def kv_bytes_per_token(self, tp: int = 1, pp: int = 1, kv_dtype=_UNSET) -> int:
         """KV-cache bytes per token on one NPU (K and V, every layer of its stage), in

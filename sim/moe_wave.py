@@ -14,7 +14,10 @@ its tokens, then the MoE layer, whose exchange depends on ``all2all_backend``:
 
 - ``allgather_reducescatter`` (vLLM 0.19's default): before the experts an all-gather over
   the DP group of every rank's hidden states and router logits, after them a
-  reduce-scatter of the expert outputs of all the gathered tokens;
+  reduce-scatter of the expert outputs of all the gathered tokens (the unquantized MoE
+  method's naive dispatch: ``dispatch_router_logits`` / ``combine``, pynccl on the compute
+  stream, in the model's dtype; with unequal token counts, eager waves, vLLM groups one
+  broadcast / reduce per root, which the all-gather at the largest share bounds below);
 - ``naive``: each DP rank in turn broadcasts its hidden states and router logits, and
   the outputs are combined by an all-reduce of all the gathered tokens;
 - ``deepep_high_throughput`` / ``deepep_low_latency``: an all-to-all that sends each
@@ -51,7 +54,7 @@ memoised by size, as decode steps repeat them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 
 from astrasim import GraphBuilder
@@ -183,7 +186,10 @@ class MoEWave:
             if cap is None:
                 cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
             padded = dp_padded_tokens([s.num_tokens for s in own], cap)
-            own = [BatchShape(p, *_fields(s)[1:]) for s, p in zip(own, padded)]
+            # the padding is for the MoE layers and their exchange (num_tokens_across_dp);
+            # each rank's attention stays its own varlen batch (prefill_work kept)
+            own = [s if p == s.num_tokens else replace(s, num_tokens=p)
+                   for s, p in zip(own, padded)]
         sp = sequence_parallel_moe(opts.all2all_backend, dp, lead.tp, lead.config.ep_size)
         parts = [_rank_parts(self.backend, m, s, r) for m, s, r in zip(members, own, real)]
         if sp:
@@ -326,11 +332,6 @@ def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
         if not out[m]:
             out[m] = per_ep_rank[m * ep // dp]
     return out
-
-
-def _fields(s: BatchShape) -> tuple:
-    return (s.num_tokens, s.num_seqs, s.prefill_tokens, s.prefill_kv, s.num_decode,
-            s.decode_kv_sum, s.decode_kv_max, s.decode_kv_min)
 
 
 def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,

@@ -342,7 +342,7 @@ class Scheduler:
         end of the sequence samples a token, async: a placeholder until it completes) and
         the step's shape, in one pass."""
         samples = []
-        prefill_tokens = prefill_kv = n_dec = kv_sum = pwork = 0
+        prefill_tokens = prefill_kv = n_dec = kv_sum = kv_sq = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
@@ -355,6 +355,7 @@ class Scheduler:
             if n == 1 and k >= req.input_len:
                 n_dec += 1
                 kv_sum += k
+                kv_sq += k * k
                 if k > kv_max:
                     kv_max = k
                 if k < kv_min:
@@ -365,7 +366,7 @@ class Scheduler:
                 pwork += n * (2 * k + n)  # varlen attention: per request
         total = prefill_tokens + n_dec
         shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
-                           kv_min if n_dec else 0, pwork)
+                           kv_min if n_dec else 0, pwork, kv_sq)
         return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes, samples)
 
     def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:

@@ -46,6 +46,9 @@ class BatchShape:
     #: the causal query-key pairs of chunk c_i over kv_i cached tokens); 0 = one request,
     #: ``prefill_tokens`` over ``prefill_kv``
     prefill_work: int = 0
+    #: sum of the squared decode KV lengths (with ``decode_kv_sum`` and ``num_decode``: their
+    #: variance); 0 = not known
+    decode_kv_sq_sum: int = 0
 
     @property
     def decode_kv_mean(self) -> int:

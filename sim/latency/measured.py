@@ -149,6 +149,27 @@ def _interp_table(keys: list[int], vals: list[float], upto: int):
     return out, slope
 
 
+def skew_rate(shape: BatchShape, kv_mean: int) -> float:
+    """The skew rate the bundle's skew fit is keyed on, for a batch of decode KV lengths.
+
+    The profile measures two-point batches: a share ``p`` of the sequences at the longest
+    KV, the rest at one shorter length; their skew rate is ``p`` = (mean - min) / (max -
+    min). A served batch's lengths spread between its shortest and longest, so the rate is
+    that of the two-point batch with the same mean, variance and longest KV: ``p = var /
+    (var + (max - mean)^2)``. Without the squared sum (``decode_kv_sq_sum`` 0) the rate is
+    read from the shortest and longest lengths as for a two-point batch."""
+    nd = shape.num_decode
+    top = shape.decode_kv_max
+    if shape.decode_kv_sq_sum and nd:
+        # in integers, times nd^2: var -> nd * sq - sum^2, max - mean -> nd * max - sum
+        total = shape.decode_kv_sum
+        var = max(0, nd * shape.decode_kv_sq_sum - total * total)
+        d = nd * top - total
+        return var / (var + d * d) if var + d * d > 0 else 0.5
+    gap = top - shape.decode_kv_min
+    return (kv_mean - shape.decode_kv_min) / gap if gap > 0 else 0.5
+
+
 class _PackedTables(dict):
     """Per-layer tables kept as packed doubles, each unpacked into a list (for fast scalar
     indexing) the first time it is read; ``packed`` maps every layer name to its bytes."""
@@ -390,8 +411,7 @@ class MeasuredProvider(LatencyProvider):
         decode count, skew rate, longest KV, prefill KV); the pooled alpha otherwise."""
         sk = self._skew
         ax = sk["axes"]
-        gap = shape.decode_kv_max - shape.decode_kv_min
-        rate = (kv_mean - shape.decode_kv_min) / gap if gap > 0 else 0.5
+        rate = skew_rate(shape, kv_mean)
         pc = min(sk["pcs"], key=lambda p: abs(p - shape.prefill_tokens))
         key = (pc, self._label(ax["n_bins"], ax["n_labels"], shape.num_decode),
                self._label(ax["skew_rate_bins"], ax["skew_rate_labels"], min(1.0, max(0.0, rate))),
@@ -682,9 +702,11 @@ class MeasuredProvider(LatencyProvider):
             label = self._label(bins, labels, kv_max)
             alpha = by_label.get(label)
             if alpha is None:
-                probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, shape.num_decode,
-                                   shape.decode_kv_sum + shape.num_decode * j, kv_max,
-                                   shape.decode_kv_min + j)
+                nd, kv_sum = shape.num_decode, shape.decode_kv_sum
+                probe = BatchShape(shape.num_tokens, shape.num_seqs, 0, 0, nd,
+                                   kv_sum + nd * j, kv_max, shape.decode_kv_min + j, 0,
+                                   shape.decode_kv_sq_sum + 2 * j * kv_sum + nd * j * j
+                                   if shape.decode_kv_sq_sum else 0)
                 alpha = by_label[label] = self._skew_alpha(probe, kv_mean + j)
             out.append(alpha)
         return out

@@ -77,3 +77,30 @@ def test_required_fields_present_in_every_file():
     for f in hardware_dir().glob("*.yaml"):
         data = yaml.safe_load(f.read_text())
         assert all(k in data for k in REQUIRED_FIELDS), f
+
+
+def test_gpus_carry_their_sm_count():
+    """num_sms (CUDA's multi_processor_count): vLLM sizes per-SM scratch by it (the Triton
+    top-k/top-p sampler's rows); every NVIDIA GPU in the catalogue has it."""
+    expected = {"RTX4090": 128, "H100-SXM": 132, "H200-SXM": 132, "A100-80G-SXM": 108,
+                "B200": 148, "L40S": 142, "RTXPRO6000": 188}
+    for name, sms in expected.items():
+        assert load_hardware(name).num_sms == sms
+    assert load_hardware("NPU").num_sms is None
+
+
+@pytest.mark.parametrize("bad", [0, -4, 1.5, "many", True])
+def test_bad_num_sms_names_the_field(tmp_path, monkeypatch, bad):
+    hw = tmp_path / "hardware"
+    hw.mkdir()
+    data = yaml.safe_load((hardware_dir() / "H100-SXM.yaml").read_text())
+    data["num_sms"] = bad
+    (hw / "Broken.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(tmp_path))
+    clear_cache()
+    try:
+        with pytest.raises(InputError, match="num_sms.*positive integer") as exc:
+            load_hardware("H100-SXM")
+    finally:
+        clear_cache()
+    assert "Broken.yaml" in str(exc.value)

@@ -176,16 +176,18 @@ def _stretch_matches_steps(provider_factory, shape0, steps: int, taken: int) -> 
     stretch = vec.decode_stretch(shape0, steps)
     assert stretch is not None
     n = shape0.num_decode
-    expected = [ref.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
-                                            shape0.decode_kv_max + j,
-                                            shape0.decode_kv_min + j))
-                for j in range(steps)]
+    kv_sum, sq = shape0.decode_kv_sum, shape0.decode_kv_sq_sum
+
+    def step(j):  # every KV one longer a step: the squared sum grows by 2 j sum + n j^2
+        return BatchShape(n, n, 0, 0, n, kv_sum + n * j, shape0.decode_kv_max + j,
+                          shape0.decode_kv_min + j, 0, sq + 2 * j * kv_sum + n * j * j if sq else 0)
+
+    expected = [ref.iteration_ns(step(j)) for j in range(steps)]
     assert stretch.durations == expected
     stretch.record(taken)
     ref_taken = provider_factory()
     for j in range(taken):
-        ref_taken.iteration_ns(BatchShape(n, n, 0, 0, n, shape0.decode_kv_sum + n * j,
-                                          shape0.decode_kv_max + j, shape0.decode_kv_min + j))
+        ref_taken.iteration_ns(step(j))
     assert list(vec.extrapolations().items()) == list(ref_taken.extrapolations().items())
 
 
@@ -207,6 +209,10 @@ def test_measured_decode_stretch_is_exact(bundle_root, n, kv_min, kv_max):
     skewed = MeasuredProvider(model, "RTXPRO6000", 1)
     assert skewed._skew is not None  # this bundle corrects attention for uneven KV lengths
     _stretch_matches_steps(lambda: MeasuredProvider(model, "RTXPRO6000", 1), shape0, 300, 123)
+    # with the squared KV sum (the skew rate from the variance), as the scheduler gives it
+    kvs = [kv_min + (kv_max - kv_min) * i // max(1, n - 1) for i in range(n)]
+    spread = BatchShape(n, n, 0, 0, n, sum(kvs), max(kvs), min(kvs), 0, sum(k * k for k in kvs))
+    _stretch_matches_steps(lambda: MeasuredProvider(model, "RTXPRO6000", 1), spread, 300, 123)
 
 
 def test_decode_stretch_past_the_decode_count_grid_falls_back(bundle_root):

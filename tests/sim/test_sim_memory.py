@@ -4,6 +4,7 @@ non-torch memory are taken before the blocks are counted."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -39,11 +40,14 @@ def test_rtx4090_llama_8b_matches_vllm_block_count():
 def test_rtx4090_budget_parts_match_vllm_log_lines():
     b = memory_budget(_instance(), load_model(LLAMA), 16, 2048, 256)
     lines = b.log_lines(32768)
-    # vLLM logs "Model loading took 14.99 GiB" for Llama-3.1-8B (parameters + rotary table).
-    assert lines[0] == "Model loading took 14.99 GiB"
+    # vLLM logs "Model loading took 14.99 GiB memory" for Llama-3.1-8B (parameters + rotary).
+    assert lines[0] == "Model loading took 14.99 GiB memory"
     assert f"GPU KV cache size: {b.num_blocks * 16:,} tokens" in lines
-    assert lines[-1].startswith("Maximum concurrency for 32,768 tokens per request: 1.2")
-    assert b.requested_bytes == int(25_250_627_584 * 0.9)
+    assert f"Maximum concurrency for 32,768 tokens per request: {b.num_blocks / 2048:.2f}x" \
+        in lines
+    assert lines[-1] == ("vllm cache_config_info with initialization after num_gpu_blocks is: "
+                         f"{b.num_blocks}")
+    assert b.requested_bytes == math.ceil(25_250_627_584 * 0.9)
     assert b.kv_bytes == b.requested_bytes - b.weight_bytes - b.activation_bytes - b.non_torch_bytes
 
 
@@ -96,7 +100,7 @@ def test_summary_reports_kv_cache_as_vllm_logs_it(bundle_root):
     kv = r.summary["kv_cache"]["0"]
     assert kv["num_blocks"] == r.summary["kv_blocks"]["0"] == 300
     assert kv["kv_tokens"] == 300 * 16
-    assert kv["max_concurrency"] == round(300 * 16 / kv["max_model_len"], 2)
+    assert kv["max_concurrency"] == round(300 / -(-kv["max_model_len"] // 16), 2)
 
 
 def test_validation_cluster_derives_vllm_blocks_at_the_runs_utilisation():
@@ -176,3 +180,75 @@ def test_pp_blocks_are_the_smallest_stage_count_with_each_stage_its_own_memory()
     stages = sum(m.stage_weight_bytes(1, n, s == 0, s == 2)
                  for s, n in enumerate(pp_stage_layers(m.num_hidden_layers, 3)))
     assert stages == pytest.approx(m.weight_bytes(1, 1, 1), rel=1e-6)
+
+
+# ---- byte-exact where vLLM is exact ------------------------------------------------------
+
+def test_llama_8b_weights_are_its_exact_parameter_count():
+    """Llama-3.1-8B has 8,030,261,248 parameters (embedding + 32 blocks + final RMSNorm +
+    lm_head); the loader's bytes are those in bf16 plus the rotary cos/sin table. Before,
+    the final norm (4,096 parameters) was left out of the weights."""
+    m = load_model(LLAMA)
+    assert m.param_count() == 8_030_261_248
+    assert m.stage_weight_bytes(1, 32, True, True) == 8_030_261_248 * 2
+    rotary = 131072 * 128 * 2
+    assert memory_budget(_instance(), m, 16, 2048, 256).weight_bytes == 8_030_261_248 * 2 + rotary
+    # a pipeline split keeps every parameter once (the final norm on the last stage)
+    split = m.stage_weight_bytes(1, 16, True, False) + m.stage_weight_bytes(1, 16, False, True)
+    assert split == 8_030_261_248 * 2
+
+
+@pytest.mark.parametrize("name,params", [
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", 30_532_122_624),   # incl. q_norm/k_norm per layer
+    ("meta-llama/Llama-3.1-70B", 70_553_706_496),
+    ("Qwen/Qwen3-32B", 32_762_123_264),
+])
+def test_unquantized_weights_are_the_parameter_count_in_the_model_dtype(name, params):
+    m = load_model(name)
+    assert m.param_count() == params
+    assert m.stage_weight_bytes(1, m.num_hidden_layers, True, True) == params * m.dtype_bytes
+
+
+def test_requested_memory_rounds_up_to_a_whole_byte():
+    """vLLM's request_memory: math.ceil(total x gpu_memory_utilization)."""
+    from sim.memory import request_memory
+    assert request_memory(25_250_627_584, 0.9) == 22_725_564_826   # 22,725,564,825.6
+    assert request_memory(1000, 0.5) == 500
+
+
+def test_max_concurrency_counts_whole_blocks_per_request():
+    """vLLM divides the blocks by cdiv(max_model_len, block_size), the whole blocks one
+    request of max_model_len tokens holds (not tokens / max_model_len)."""
+    from sim.memory import blocks_per_request
+    b = memory_budget(_instance(num_gpu_blocks_override=1000), load_model(LLAMA), 16, 2048, 256)
+    assert blocks_per_request(1000, 16) == 63
+    assert b.max_concurrency(1000) == pytest.approx(1000 / 63)      # 15.87x, not 16.00x
+    assert "Maximum concurrency for 1,000 tokens per request: 15.87x" in b.log_lines(1000)
+    assert b.max_concurrency(32768) == 1000 / 2048
+
+
+def test_log_lines_are_worded_like_vllm_0_19():
+    """vLLM 0.19's start-up lines (gpu_model_runner "Model loading took", gpu_worker's
+    memory profiling and "Available KV cache memory", kv_cache_utils' "GPU KV cache size"
+    and "Maximum concurrency", metrics/loggers' "num_gpu_blocks is"), GiB as format_gib
+    writes it (round to 2 decimals)."""
+    from sim.memory import format_gib
+    assert format_gib(16 * 1024**3) == "16.0" and format_gib(int(14.987 * 1024**3)) == "14.99"
+    b = memory_budget(_instance(), load_model(LLAMA), 16, 2048, 256)
+    lines = b.log_lines(32768)
+    non_kv = b.weight_bytes + b.activation_bytes + b.non_torch_bytes
+    assert lines == [
+        "Model loading took 14.99 GiB memory",
+        f"worker requested memory: {format_gib(b.requested_bytes)}GiB",
+        f"Total non KV cache memory: {format_gib(non_kv)}GiB; torch peak memory increase: "
+        f"{format_gib(b.activation_bytes)}GiB; non-torch forward increase memory: "
+        f"{format_gib(b.non_torch_bytes)}GiB; weights memory: 14.99GiB.",
+        f"Available KV cache memory: {format_gib(b.kv_bytes)} GiB",
+        f"GPU KV cache size: {b.num_blocks * 16:,} tokens",
+        f"Maximum concurrency for 32,768 tokens per request: {b.num_blocks / 2048:.2f}x",
+        f"vllm cache_config_info with initialization after num_gpu_blocks is: {b.num_blocks}",
+    ]
+    over = memory_budget(_instance(num_gpu_blocks_override=1000), load_model(LLAMA), 16,
+                         2048, 256)
+    assert (f"Overriding num_gpu_blocks={b.num_blocks} with num_gpu_blocks_override=1000"
+            in over.log_lines())

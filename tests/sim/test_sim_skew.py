@@ -47,3 +47,33 @@ def test_uniform_batches_are_uncorrected_and_skewed_ones_use_the_bucket_alpha(tm
     t_mean = plain.attention_ns(other)
     t_max = plain.attention_ns(BatchShape(32, 32, 0, 0, 32, 32 * 3000, 3000, 3000))
     assert fit.attention_ns(other) == t_mean + 0.05 * (t_max - t_mean)
+
+
+def test_skew_rate_matches_the_two_point_batch_of_the_same_mean_variance_and_max(tmp_path):
+    # The skew profile measures two-point batches (a share p at the longest KV, the rest at
+    # one shorter length), whose skew rate (mean - min) / (max - min) is p. A served batch
+    # spreads between its shortest and longest: its rate is that of the two-point batch
+    # with the same mean, variance and longest KV, p = var / (var + (max - mean)^2), not
+    # (mean - min) / (max - min), which reads a uniform spread as half the batch long.
+    from sim.latency.measured import skew_rate
+    two_point = [100] * 6 + [3000] * 2                  # p = 0.25
+    spread = list(range(100, 3001, 100))                # uniform 100..3000
+    def shape(kvs, sq=True):
+        return BatchShape(len(kvs), len(kvs), 0, 0, len(kvs), sum(kvs), max(kvs), min(kvs), 0,
+                          sum(k * k for k in kvs) if sq else 0)
+    assert skew_rate(shape(two_point), 0) == 0.25
+    assert skew_rate(shape(two_point, sq=False), sum(two_point) // 8) == 0.25
+    mean = sum(spread) / len(spread)
+    var = sum((k - mean) ** 2 for k in spread) / len(spread)
+    p = var / (var + (3000 - mean) ** 2)
+    assert abs(skew_rate(shape(spread), int(mean)) - p) < 1e-12
+    assert 0.25 < p < 0.27                               # sr<=40%, not sr<=70% (0.5)
+    fit = _provider(tmp_path / "a", True)
+    plain = _provider(tmp_path / "b", False)
+    eight = [100, 500, 900, 1300, 1700, 2100, 2500, 2900]  # uniform: p ~0.27, sr<=40%
+    s = shape(eight)
+    t_mean = plain.attention_ns(s)
+    t_max = plain.attention_ns(BatchShape(8, 8, 0, 0, 8, 8 * 2900, 2900, 2900))
+    assert fit.attention_ns(s) == t_mean + 0.5 * (t_max - t_mean)
+    # read from min and max alone (rate 0.5, sr<=70%) it falls to the pooled alpha
+    assert fit.attention_ns(shape(eight, sq=False)) == t_mean + 0.05 * (t_max - t_mean)
