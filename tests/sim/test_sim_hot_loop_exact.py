@@ -35,3 +35,26 @@ def test_leaping_hashes_like_stepping(name):
     leapt = _run_digest(cluster, wl, opts.replace(event_leaping=True))
     stepped = _run_digest(cluster, wl, opts.replace(event_leaping=False))
     assert leapt == stepped
+
+
+def test_line_many_is_line_at_each_point():
+    """The measured provider's walked-bracket line over a range of decode KVs gives
+    ``_line``'s float at every point (below, inside, at and past the grid; int and float
+    axes)."""
+    import random
+
+    from sim.latency.measured import MeasuredProvider, _Axis
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        n = rng.randint(1, 6)
+        keys = (sorted(rng.sample(range(20000), n)) if rng.random() < 0.7
+                else sorted({rng.uniform(0, 20000) for _ in range(n)}))
+        axis = _Axis(keys)
+        vals = [rng.uniform(0, 1e5) for _ in range(axis.n)]
+        slope = rng.uniform(0, 3)
+        start = rng.choice([-50, 0, int(keys[0]), int(keys[-1]) - 3, rng.randint(0, 21000)])
+        qs = range(start, start + rng.randint(0, 400))
+        got = MeasuredProvider._line_many(axis, vals, qs, slope)
+        want = [MeasuredProvider._line(axis, vals, q, slope) for q in qs]
+        assert [x.hex() for x in map(float, got)] == [x.hex() for x in map(float, want)]
