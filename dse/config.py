@@ -201,30 +201,20 @@ def check_space_cluster(space: Space) -> None:
         raise InputError(f"{space.path}: {exc}") from None
 
 
-def vllm_command(space: Space, params: dict) -> str:
-    """The ``vllm serve`` command line of one instance of this configuration."""
+def vllm_command(space: Space, params: dict, dp_size: int | None = None) -> str:
+    """The ``vllm serve`` command line of one server of this configuration: an instance,
+    or a data-parallel group of ``dp_size`` instances (default: the configuration's dp on
+    an MoE model, else 1). Its flags are generated from the declarations of the cluster
+    fields and options they set (``sim.cluster_schema.vllm_serve_args``)."""
+    import sim
+    from sim.cluster_schema import vllm_serve_args
+    from sim.options import OPTION_NAMES
+
     p = space.complete(params)
+    instance = build_cluster(space, p)["nodes"][0]["instances"][0]
+    opts = {k: v for k, v in sim_options(space, p).items() if k in OPTION_NAMES}
+    if dp_size is None:
+        dp_size = int(p.get("dp", 1)) if space.is_moe else 1
     args = ["vllm", "serve", space.model,
-            "--tensor-parallel-size", str(p["tp"]),
-            "--pipeline-parallel-size", str(p["pp"]),
-            "--max-num-seqs", str(p["max_num_seqs"]),
-            "--max-num-batched-tokens", str(p["max_num_batched_tokens"]),
-            "--block-size", str(p["block_size"]),
-            "--enable-prefix-caching" if p["enable_prefix_caching"]
-            else "--no-enable-prefix-caching",
-            "--enable-chunked-prefill" if p["enable_chunked_prefill"]
-            else "--no-enable-chunked-prefill"]
-    if p.get("quantization", "none") != "none":
-        args += ["--quantization", p["quantization"]]
-    if p.get("kv_cache_dtype", "auto") != "auto":
-        args += ["--kv-cache-dtype", p["kv_cache_dtype"]]
-    if p.get("long_prefill_token_threshold"):
-        args += ["--long-prefill-token-threshold", str(p["long_prefill_token_threshold"])]
-    if space.is_moe and int(p.get("ep", 1)) > 1:
-        args += ["--enable-expert-parallel"]
-    if space.is_moe and int(p.get("dp", 1)) > 1:
-        args += ["--data-parallel-size", str(p["dp"]), "--all2all-backend", p["all2all_backend"]]
-    mem_util = space.cluster_defaults.get("mem_util")
-    if mem_util:
-        args += ["--gpu-memory-utilization", f"{mem_util:g}"]
+            *vllm_serve_args(instance, sim.SimOptions(**opts), dp_size=dp_size)]
     return " ".join(shlex.quote(a) for a in args)

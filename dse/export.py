@@ -83,10 +83,7 @@ def _host(node: int) -> str:
 
 def serve_lines(space: Space, cfg: TrialConfig) -> list[str]:
     """The shell lines that start every server of ``cfg`` (each in the background)."""
-    base = vllm_command(space, cfg.params)
     head = f"vllm serve {shlex.quote(space.model)} "
-    if base.startswith(head):
-        base = f"vllm serve {shlex.quote(served_model(space))} " + base[len(head):]
     lines: list[str] = []
     node = None
     for i, s in enumerate(servers(space, cfg)):
@@ -94,9 +91,10 @@ def serve_lines(space: Space, cfg: TrialConfig) -> list[str]:
             node = s.node
             lines.append(f"\n# ---- node {node}: run these on {_host(node)} ----")
         env = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.gpus))}"]
+        base = vllm_command(space, cfg.params, dp_size=s.dp)  # its flags, dp included once
+        if base.startswith(head):
+            base = f"vllm serve {shlex.quote(served_model(space))} " + base[len(head):]
         args = [base, "--port", str(s.port)]
-        if s.dp > 1:
-            args += ["--data-parallel-size", str(s.dp)]
         if s.role:
             role = "kv_producer" if s.role == "prefill" else "kv_consumer"
             kv = {"kv_connector": "NixlConnector", "kv_role": role}

@@ -6,7 +6,7 @@
 
 Three sections: every simulator option (``sim/options.py``: its ``llmsim run`` flag, whether
 a cluster file's instance may set it, its dse knob), every field of a cluster file
-(``sim.cluster.CLUSTER_FIELDS``, which the loader enforces) and every field of a
+(the pydantic models in ``sim/cluster_schema.py``, which the loader enforces) and every field of a
 search-space file (the pydantic models in ``dse/schema.py``). Each lies between ``<!-- BEGIN GENERATED: name``
 and ``<!-- END GENERATED: name -->`` lines in the README.
 """

@@ -11,22 +11,14 @@ other input error. The README's field reference is generated from these models
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, \
-    create_model, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, create_model, model_validator
 
 from dse.vocab import BACKENDS, SAMPLERS, SLO_KEYS, SLO_METRICS, SLO_STATS
-from sim.errors import InputError
 from sim.options import DEFAULT_MEM_UTIL
-
-#: a field given as null takes its default, as if absent
-_DEFAULT = object()
-
+from sim.schema import Bool, Section, choice, field_rule, model_at, num, reference_default
+from sim.schema import validate as validate  # noqa: PLC0414 - dse.space calls schema.validate
 
 
 def latency_providers() -> list[str]:
@@ -34,83 +26,6 @@ def latency_providers() -> list[str]:
     from sim.latency.base import provider_names
 
     return provider_names()
-
-
-def _allowed(names) -> str:
-    return ", ".join(str(n) for n in names)
-
-
-def _fail(message: str) -> PydanticCustomError:
-    return PydanticCustomError("dse", "{m}", {"m": message})
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What a field accepts, in words (for the field reference)."""
-
-    text: str
-
-
-def num(*, integer: bool = False, minimum: float | None = None, exclusive: bool = False,
-        maximum: float | None = None, required: bool = False) -> Any:
-    """A finite number (an integer where ``integer``; 4.0 reads as 4), |v| <= 1e15, above
-    ``minimum`` (``exclusive``: strictly), at most ``maximum``; null takes the default."""
-    def check(v: Any) -> Any:
-        if v is None:
-            if required:
-                raise _fail("required")
-            return _DEFAULT
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (integer and int(v) != v):
-            raise _fail(f"must be {'an integer' if integer else 'a (finite) number'}, got {v!r}")
-        if abs(v) > 1e15:
-            raise _fail(f"must be <= 1e15, got {v!r}")
-        if minimum is not None and (v <= minimum if exclusive else v < minimum):
-            raise _fail(f"must be {'>' if exclusive else '>='} {minimum}, got {v}")
-        if maximum is not None and v > maximum:
-            raise _fail(f"must be in ({minimum}, {maximum}], got {v}")
-        return int(v) if integer else float(v)
-
-    text = "integer" if integer else "number"
-    if minimum is not None:
-        text += f" {'>' if exclusive else '>='} {minimum}"
-    if maximum is not None:
-        text += f", <= {maximum}"
-    return Annotated[Any, BeforeValidator(check), Rule(text)]
-
-
-def choice(allowed: tuple | Callable[[], list], text: str = "") -> Any:
-    """One of ``allowed`` (a tuple, or a function returning the names: a registry)."""
-    def check(v: Any) -> Any:
-        names = allowed() if callable(allowed) else allowed
-        if not isinstance(v, (str, int, float, bool, type(None))) or v not in names:
-            raise _fail(f"unknown value {v!r}; allowed: {_allowed(names)}")
-        return v
-
-    text = text or "one of " + _allowed(allowed)
-    return Annotated[Any, BeforeValidator(check), Rule(text)]
-
-
-def _bool_check(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise _fail(f"must be true or false, got {v!r}")
-    return v
-
-
-Bool = Annotated[Any, BeforeValidator(_bool_check), Rule("true or false")]
-
-
-class Section(BaseModel):
-    """A mapping of known fields; null fields take their defaults."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="after")
-    def _null_is_default(self):
-        for name, f in type(self).model_fields.items():
-            if getattr(self, name) is _DEFAULT:
-                object.__setattr__(self, name, f.get_default(call_default_factory=True))
-        return self
 
 
 # ---------------------------------------------------------------- the sections
@@ -274,51 +189,6 @@ class SpaceFile(Section):
 TOP_KEYS = tuple(SpaceFile.model_fields)
 
 
-# ---------------------------------------------------------------- errors
-def validate(model: type[BaseModel], data: Any, where: str = "") -> Any:
-    """``model`` validated from ``data``, or one InputError naming the field path (under
-    ``where``) and what is allowed."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise _input_error(exc, model, where) from None
-
-
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The model that reads the mapping at ``loc`` below ``model``."""
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        ann = field.annotation
-        sub = next((a for a in getattr(ann, "__args__", (ann,))
-                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        if sub is None:
-            return None
-        model = sub
-    return model
-
-
-def _input_error(exc: ValidationError, model: type[BaseModel], where: str) -> InputError:
-    err = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
-    path = ".".join([where] * bool(where) + [str(p) for p in loc])
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = ".".join([where] * bool(where) + [str(p) for p in loc[:-1]])
-        fields = _model_at(model, loc[:-1]).model_fields
-        msg = f"unknown field {str(loc[-1])!r}; allowed: {_allowed(fields)}"
-        return InputError(f"{parent}: {msg}" if parent else msg)
-    if kind == "missing":
-        return InputError(f"{path}: required")
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        sub = _model_at(model, loc)
-        fields = _allowed(sub.model_fields) if sub is not None else "(a mapping)"
-        msg = f"must be a mapping with fields {fields}"
-        return InputError(f"{path}: {msg}" if path else msg)
-    return InputError(f"{path}: {err['msg']}" if path else err["msg"])
-
-
 # ---------------------------------------------------------------- the reference
 def markdown_reference() -> str:
     """The README's space-file table: one row per field, from these models."""
@@ -330,15 +200,15 @@ def markdown_reference() -> str:
 def _rows(model: type[BaseModel], prefix: str, rows: list[str]) -> None:
     for name, f in model.model_fields.items():
         path = prefix + name
-        sub = _model_at(model, (name,)) or _DOCUMENTED.get(path)
+        sub = model_at(model, (name,)) or _DOCUMENTED.get(path)
         if sub is Slo:
             stats, metrics = "\\|".join(SLO_STATS), "\\|".join(SLO_METRICS)
             rows.append(f"| `{path}.<{stats}>_<{metrics}>_ms` | number > 0 |  | "
                         "limit on that statistic of the trial's requests, in ms |")
             _rows(Attainment, f"{path}.attainment.", rows)
             continue
-        rule = next((m.text for m in f.metadata if isinstance(m, Rule)), "")
-        default = None if f.is_required() else f.get_default(call_default_factory=False)
+        rule = field_rule(f)
+        default = reference_default(f)
         shown = "" if default is None or sub is not None else f"`{default!r}`"
         meaning = (f.description or "").replace("|", "\\|")
         rows.append(f"| `{path}` | {rule or ('mapping' if sub else '')} | {shown} | {meaning} |")

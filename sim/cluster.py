@@ -4,76 +4,28 @@ A cluster has nodes; a node has CPU memory and instances; an instance serves one
 on ``num_npus`` NPUs of one hardware type with tp/pp/ep parallelism. Memory sizes are in
 GiB, bandwidths in GB/s, latencies in ns, as in LLMServingSim. Anything the simulator does
 not model yet is refused with a message naming the field, never ignored.
+
+The file's fields are declared once, as the pydantic models of :mod:`sim.cluster_schema`
+(which the README's cluster reference is generated from). :func:`load_cluster` keeps the
+validated result of a file in the user cache (:mod:`sim.cache`), keyed by the file's
+bytes and the schema's sources, so a warm ``llmsim run`` imports no pydantic;
+:func:`parse_cluster` (a mapping in memory) always validates.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError, read_text_input
-from sim.options import DEFAULT_MEM_UTIL, INSTANCE_OPTIONS, check_instance_value
+from sim.options import DEFAULT_MEM_UTIL
 
 GiB = 1 << 30
-
-_MEM = "mem_size (GiB), mem_bw (GB/s), mem_latency (ns)"
-#: every field of a cluster file, declared once: where -> {field: meaning}. The loader
-#: refuses any other field, and the README's cluster reference is generated from these
-#: (``python -m dse.reference``). An instance may also set the options declared with scope
-#: "instance" in sim/options.py (:data:`INSTANCE_SCHEDULER_KEYS`).
-CLUSTER_FIELDS: dict[str, dict[str, str]] = {
-    "": {
-        "num_nodes": "number of nodes; must match `nodes` (default: as listed)",
-        "link_bw": "the GPU-to-GPU link as LLMServingSim gives it to ASTRA-Sim: per direction "
-                   "in ASTRA-Sim's GB/s (2^30 B/s), one FullyConnected hop; a number or one "
-                   "per network dimension, e.g. [intra-node, inter-node] (default: the "
-                   "hardware catalogue's physical link, decimal GB/s on its topology)",
-        "link_latency": "ns per GPU-to-GPU message (one hop); a number or one per dimension "
-                        "(default: the hardware catalogue's per-hop latency)",
-        "nodes": "the nodes: a non-empty list (required)",
-        "cxl_mem": "a CXL memory expander for the CXL prefix tier",
-        "collective_algorithm": "ring, direct, halvingDoubling or doubleBinaryTree: a name or "
-                                "one per dimension (default: ring)",
-    },
-    "cxl_mem": {"mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
-                "mem_latency": "ns (default 0)", "num_devices": "devices (default 1)"},
-    "nodes[]": {
-        "num_instances": "must match `instances` when given",
-        "cpu_mem": f"the node's CPU memory: {_MEM}, pim_config",
-        "instances": "the instances: a non-empty list (required)",
-        "power": "LLMServingSim's power blocks: base_node_power, npu.<hardware>, cpu, dram, "
-                 "link, nic, storage",
-    },
-    "nodes[].cpu_mem": {"mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
-                        "mem_latency": "ns (default 0)",
-                        "pim_config": "PIM devices in this memory (a DRAMSim3 .ini)"},
-    "nodes[].instances[]": {
-        "model_name": "model: a profiles/models name or HF id (required)",
-        "hardware": "hardware catalogue name (required)",
-        "npu_mem": f"each NPU's memory: {_MEM}, mem_util (required)",
-        "num_npus": "must equal tp_size * pp_size (default: that)",
-        "tp_size": "tensor-parallel size (default 1)",
-        "pp_size": "pipeline-parallel size (default 1)",
-        "ep_size": "expert-parallel size, MoE models (default 1)",
-        "dp_group": "instances with the same name form one data-parallel group",
-        "pd_type": "prefill or decode (PD disaggregation; default: neither)",
-        "placement": "weight/KV placement across memories (not modelled yet: refused)",
-        "dtype": "LLMServingSim's dtype field (read; the model spec's dtype is used)",
-        "num_gpu_blocks_override": "vLLM's num_gpu_blocks_override: use this many KV blocks",
-    },
-    "nodes[].instances[].npu_mem": {
-        "mem_size": "GiB (required)", "mem_bw": "GB/s (required)",
-        "mem_latency": "ns (default 0)",
-        "mem_util": f"vLLM's gpu_memory_utilization (default {DEFAULT_MEM_UTIL})"},
-}
-# Options an instance may override (LLMServingSim's per-instance fields): those declared
-# with scope "instance" in sim/options.py.
-INSTANCE_SCHEDULER_KEYS = INSTANCE_OPTIONS
-_INSTANCE_KEYS = {*CLUSTER_FIELDS["nodes[].instances[]"], *INSTANCE_SCHEDULER_KEYS}
-_NODE_KEYS = set(CLUSTER_FIELDS["nodes[]"])
-_TOP_KEYS = set(CLUSTER_FIELDS[""])
+#: bump when the plain form :func:`sim.cluster_schema.normalize` returns changes shape
+SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -128,6 +80,8 @@ class ClusterConfig:
     #: hardware catalogue's per-hop latency on its topology
     link_latency_ns: float | list | None = None
     cxl_mem: dict | None = None
+    #: ASTRA-Sim's collective algorithm: a name, or one per dimension; None: ring
+    collective_algorithm: str | list | None = None
     source: str = "<cluster>"
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -151,195 +105,45 @@ class ClusterConfig:
             lambda i: replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util))))
 
 
-#: no field of a cluster is meaningfully this large (GiB, GB/s, ns, counts): a typo
-MAX_FIELD = 1e15
-#: memory sizes (GiB) above 1 PiB cannot be a device or a node
-MAX_MEM_GIB = float(1 << 20)
-
-
-def _num(d: dict, key: str, where: str, *, default=None, positive=True, integer=False,
-         maximum: float = MAX_FIELD):
-    """A finite number from ``d[key]``: > 0 when ``positive``, else >= 0; at most ``maximum``."""
-    if key not in d or d[key] is None:
-        if default is None:
-            raise InputError(f"missing field {key!r}", source=where)
-        return default
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise InputError(f"field {key!r} must be a number, got {v!r}", source=where)
-    if integer and (v in (float("inf"), float("-inf")) or int(v) != v):
-        raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
-    if positive and v <= 0:
-        raise InputError(f"field {key!r} must be > 0, got {v!r}", source=where)
-    if v < 0:
-        raise InputError(f"field {key!r} must be >= 0, got {v!r}", source=where)
-    if v > maximum:
-        raise InputError(f"field {key!r} must be <= {maximum:.15g}, got {v!r}", source=where)
-    return int(v) if integer else float(v)
-
-
-def _mem(d: Any, where: str, *, need_util: bool) -> MemorySpec:
-    if not isinstance(d, dict):
-        raise InputError("must be an object with mem_size, mem_bw, mem_latency", source=where)
-    if need_util:  # an NPU's memory (a node's cpu_mem is checked with its pim_config)
-        _check_keys(d, set(CLUSTER_FIELDS["nodes[].instances[].npu_mem"]), where)
-    util = _num(d, "mem_util", where, default=DEFAULT_MEM_UTIL) if need_util else 1.0
-    if not 0 < util <= 1:
-        raise InputError(f"field 'mem_util' must be in (0, 1], got {util}", source=where)
-    return MemorySpec(
-        mem_size_gib=_num(d, "mem_size", where, maximum=MAX_MEM_GIB),
-        mem_bw_GBps=_num(d, "mem_bw", where),
-        mem_latency_ns=_num(d, "mem_latency", where, default=0.0, positive=False),
-        mem_util=util,
-    )
-
-
-def _check_keys(d: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise InputError(f"unknown field(s) {unknown}; allowed: {sorted(allowed)}", source=where)
+def _from_plain(plain: dict, source: str, raw: Any) -> ClusterConfig:
+    """The ClusterConfig of :func:`sim.cluster_schema.normalize`'s plain data."""
+    nodes, iid = [], 0
+    for n_idx, nd in enumerate(plain["nodes"]):
+        insts = []
+        for ins in nd["instances"]:
+            insts.append(InstanceConfig(instance_id=iid, node_id=n_idx,
+                                        **{**ins, "npu_mem": MemorySpec(**ins["npu_mem"])}))
+            iid += 1
+        cpu = MemorySpec(**nd["cpu_mem"]) if nd["cpu_mem"] is not None else None
+        nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
+                                power=nd["power"], pim_config=nd["pim_config"]))
+    return ClusterConfig(nodes=tuple(nodes), link_bw_GBps=plain["link_bw"],
+                         link_latency_ns=plain["link_latency"], cxl_mem=plain["cxl_mem"],
+                         collective_algorithm=plain["collective_algorithm"], source=source,
+                         raw=raw)
 
 
 def parse_cluster(data: Any, source: str = "<cluster>") -> ClusterConfig:
     """Validate a cluster mapping (LLMServingSim schema) into a :class:`ClusterConfig`."""
-    if not isinstance(data, dict):
-        raise InputError("cluster config must be a JSON/YAML object", source=source)
-    _check_keys(data, _TOP_KEYS, source)
-    nodes_raw = data.get("nodes")
-    if not isinstance(nodes_raw, list) or not nodes_raw:
-        raise InputError("field 'nodes' must be a non-empty list", source=source)
-    num_nodes = _num(data, "num_nodes", source, default=len(nodes_raw), integer=True)
-    if num_nodes != len(nodes_raw):
-        raise InputError(f"num_nodes={num_nodes} but {len(nodes_raw)} node(s) are listed",
-                         source=source)
-    nodes: list[NodeConfig] = []
-    iid = 0
-    for n_idx, nd in enumerate(nodes_raw):
-        where = f"{source}: nodes[{n_idx}]"
-        if not isinstance(nd, dict):
-            raise InputError("must be an object", source=where)
-        _check_keys(nd, _NODE_KEYS, where)
-        inst_raw = nd.get("instances")
-        if not isinstance(inst_raw, list) or not inst_raw:
-            raise InputError("field 'instances' must be a non-empty list", source=where)
-        if "num_instances" in nd and nd["num_instances"] != len(inst_raw):
-            raise InputError(f"num_instances={nd['num_instances']} but {len(inst_raw)} "
-                             "instance(s) are listed", source=where)
-        cpu = _mem(nd["cpu_mem"], f"{where}.cpu_mem", need_util=False) if nd.get("cpu_mem") else None
-        insts = []
-        for i_idx, ins in enumerate(inst_raw):
-            iw = f"{where}.instances[{i_idx}]"
-            if not isinstance(ins, dict):
-                raise InputError("must be an object", source=iw)
-            _check_keys(ins, _INSTANCE_KEYS, iw)
-            for key in ("model_name", "hardware"):
-                if not isinstance(ins.get(key), str) or not ins[key]:
-                    raise InputError(f"field {key!r} must be a non-empty string", source=iw)
-            tp = _num(ins, "tp_size", iw, default=1, integer=True)
-            pp = _num(ins, "pp_size", iw, default=1, integer=True)
-            ep = _num(ins, "ep_size", iw, default=1, integer=True)
-            num_npus = _num(ins, "num_npus", iw, default=tp * pp, integer=True)
-            if num_npus != tp * pp:
-                raise InputError(f"num_npus={num_npus} must equal tp_size*pp_size={tp * pp}",
-                                 source=iw)
-            pd = ins.get("pd_type")
-            if pd not in (None, "prefill", "decode"):
-                raise InputError(f"field 'pd_type' must be null, 'prefill' or 'decode', got {pd!r}",
-                                 source=iw)
-            overrides = {k: ins[k] for k in INSTANCE_SCHEDULER_KEYS if ins.get(k) is not None}
-            for key, value in overrides.items():
-                check_instance_value(key, value, iw)
-            insts.append(InstanceConfig(
-                instance_id=iid, node_id=n_idx, model_name=ins["model_name"],
-                hardware=ins["hardware"], npu_mem=_mem(ins.get("npu_mem"), f"{iw}.npu_mem",
-                                                       need_util=True),
-                num_npus=num_npus, tp_size=tp, pp_size=pp, ep_size=ep,
-                dp_group=ins.get("dp_group"), pd_type=pd, dtype=ins.get("dtype"),
-                kv_cache_dtype=ins.get("kv_cache_dtype"), placement=ins.get("placement"),
-                num_gpu_blocks_override=(
-                    int(_num(ins, "num_gpu_blocks_override", iw, integer=True))
-                    if ins.get("num_gpu_blocks_override") is not None else None),
-                overrides=overrides))
-            iid += 1
-        cpu_raw = nd.get("cpu_mem") or {}
-        if isinstance(cpu_raw, dict):
-            _check_keys(cpu_raw, set(CLUSTER_FIELDS["nodes[].cpu_mem"]), f"{where}.cpu_mem")
-        nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
-                                power=_power(nd.get("power"), f"{where}.power"), pim_config=cpu_raw.get("pim_config")
-                                if isinstance(cpu_raw, dict) else None))
-    return ClusterConfig(nodes=tuple(nodes),
-                         link_bw_GBps=_per_dim_field(data, "link_bw", source, positive=True),
-                         link_latency_ns=_per_dim_field(data, "link_latency", source,
-                                                        positive=False),
-                         cxl_mem=_cxl(data.get("cxl_mem"), source), source=source,
-                         raw=data)
+    from sim.cluster_schema import normalize
+
+    return _from_plain(normalize(data, source), source, data)
 
 
-def _per_dim_field(data: dict, key: str, source: str, *,
-                   positive: bool) -> float | list | None:
-    """link_bw (GB/s, > 0) or link_latency (ns, >= 0): a number, or a list of them (one per
-    network dimension), or absent (None: the hardware's link, see sim/topology.py). Checked
-    here, whatever the number of NPUs, so a bad link is refused even where no collective
-    would use it."""
-    v = data.get(key)
-    if v is None:
-        return None
-    if isinstance(v, list):
-        if not v:
-            raise InputError(f"field {key!r} must be a number or a non-empty list of numbers",
-                             source=source)
-        return [_num({key: x}, key, source, positive=positive) if x is not None else
-                _num({key: "null"}, key, source) for x in v]
-    return _num(data, key, source, positive=positive)
+def _schema_sources() -> list[Path]:
+    """The files the validated form of a cluster file depends on, besides the file."""
+    import astrasim.config
 
-
-def _power(raw: Any, where: str) -> dict | None:
-    """A node's power block (LLMServingSim's schema): its shape and numbers are checked
-    here; which fields each section needs is checked where power is modelled."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise InputError("must be an object (base_node_power, npu, cpu, dram, link, nic, "
-                         "storage)", source=where)
-    for key, v in raw.items():
-        if key == "npu":
-            if not isinstance(v, dict) or not all(isinstance(b, dict) for b in v.values()):
-                raise InputError("field 'npu' must map hardware names to objects of numbers",
-                                 source=where)
-            for hw, block in v.items():
-                for f in block:
-                    _num(block, f, f"{where}.npu.{hw}", positive=False)
-        elif isinstance(v, dict):
-            for f in v:
-                _num(v, f, f"{where}.{key}", positive=False)
-        else:
-            _num(raw, key, where, positive=False)
-    return raw
-
-
-def _cxl(raw: Any, source: str) -> dict | None:
-    """cxl_mem: {mem_size, mem_bw, mem_latency, num_devices}, all numbers."""
-    if raw is None:
-        return None
-    where = f"{source}: cxl_mem"
-    if not isinstance(raw, dict):
-        raise InputError("must be an object with mem_size, mem_bw, mem_latency, num_devices",
-                         source=where)
-    _check_keys(raw, set(CLUSTER_FIELDS["cxl_mem"]), where)
-    _num(raw, "mem_size", where, maximum=MAX_MEM_GIB)
-    _num(raw, "mem_bw", where)
-    _num(raw, "mem_latency", where, default=0.0, positive=False)
-    _num(raw, "num_devices", where, default=1, integer=True)
-    return raw
+    here = Path(__file__).resolve().parent
+    return [here / n for n in ("cluster_schema.py", "schema.py", "options.py", "cluster.py",
+                               "model.py")] + [Path(astrasim.config.__file__)]
 
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_cluster(path: str | Path) -> ClusterConfig:
-    """Read a cluster config file (.json, or .yaml/.yml with the same fields)."""
-    path = Path(path)
+def _read(path: Path) -> tuple[str, Any]:
     text = read_text_input(path, "a cluster config", "a JSON or YAML")
     if path.suffix in (".yaml", ".yml"):
         import yaml  # only for YAML configs (startup time of `llmsim run`)
@@ -356,7 +160,26 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     except (ValueError, RecursionError) as exc:
         raise InputError(f"malformed cluster config: {exc or 'nested too deeply'}",
                          source=str(path)) from None
-    return parse_cluster(data, str(path))
+    return text, data
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """Read a cluster config file (.json, or .yaml/.yml with the same fields); its validated
+    form comes from the user cache when the file and the schema are unchanged."""
+    from sim.cache import cached
+
+    path = Path(path)
+    text, data = _read(path)
+
+    def build() -> dict:
+        from sim.cluster_schema import normalize
+
+        return normalize(data, str(path))
+
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=20).digest()
+    plain = cached("cluster", _schema_sources(), build,
+                   params=(SCHEMA_VERSION, path.suffix in (".yaml", ".yml"), digest))
+    return _from_plain(plain, str(path), data)
 
 
 # Features of the schema that the simulator does not model yet. Each check names the field;
@@ -372,16 +195,7 @@ def unsupported_features(cluster: ClusterConfig) -> list[str]:
 
 
 def markdown_reference() -> str:
-    """The README's cluster-file table: one row per field of :data:`CLUSTER_FIELDS`, then
-    the options an instance may set."""
-    from sim.options import declarations
+    """The README's cluster-file table, from the models of :mod:`sim.cluster_schema`."""
+    from sim.cluster_schema import markdown_reference as reference
 
-    rows = ["| field | meaning |", "|---|---|"]
-    for where, entries in CLUSTER_FIELDS.items():
-        for key, meaning in entries.items():
-            rows.append(f"| `{where + '.' if where else ''}{key}` | {meaning} |")
-    for name, _, default, opt in declarations():
-        if name in INSTANCE_SCHEDULER_KEYS:
-            rows.append(f"| `nodes[].instances[].{name}` | this instance's {name} option "
-                        f"(default: the run's, `{default!r}`) |")
-    return "\n".join(rows) + "\n"
+    return reference()

@@ -48,6 +48,12 @@ def _latency_providers() -> list[str]:
     return provider_names()
 
 
+def _kv_cache_dtypes() -> list[str]:
+    from sim.model import KV_CACHE_DTYPES
+
+    return list(KV_CACHE_DTYPES)
+
+
 @dataclass(frozen=True)
 class Knob:
     """How an option is searched by dse: where it is drawn and which values a space may give.
@@ -67,6 +73,48 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class VllmArg:
+    """How a value is spelled on vLLM 0.19's ``vllm serve`` command line (an option here, or
+    a cluster file's field in :mod:`sim.cluster_schema`): ``flag`` and the value; booleans
+    as ``flag`` / ``--no-<flag>`` (``negatable``) or ``flag`` alone when true. ``omit``:
+    values that leave the flag out (vLLM's own default, or "not set"); ``switch``: the flag
+    alone whenever the value is not omitted; ``special``: (value, arguments) pairs spelled
+    otherwise; ``needs``: flags that must be on the line for this one to matter."""
+
+    flag: str
+    omit: tuple = ()
+    switch: bool = False
+    negatable: bool = True
+    special: tuple[tuple[Any, tuple[str, ...]], ...] = ()
+    needs: tuple[str, ...] = ()
+
+    def render(self, value: Any) -> list[str]:
+        """The arguments that give ``value`` (none where omitted)."""
+        if any(value == v and type(value) is type(v) for v in self.omit):
+            return []
+        for v, args in self.special:
+            if value == v and type(value) is type(v):
+                return list(args)
+        if self.switch:
+            return [self.flag]
+        if isinstance(value, bool):
+            return [self.flag] if value else ([f"--no-{self.flag[2:]}"] if self.negatable
+                                              else [])
+        return [self.flag, str(value)]
+
+    def spelled(self, boolean: bool = False) -> str:
+        """The flag as the reference shows it (``boolean``: the value is true or false)."""
+        out = self.flag
+        if boolean and self.negatable and not self.switch:
+            out += f" / --no-{self.flag[2:]}"
+        notes = [f"{' '.join(args)} for {v!r}" for v, args in self.special]
+        left_out = [repr(v) for v in self.omit if v is not None]
+        if left_out:
+            notes.append(f"left out for {', '.join(left_out)}")
+        return out + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@dataclass(frozen=True)
 class Option:
     """One option's declaration. ``flag``: the ``llmsim run`` flag ("" derives it from the
     name, None: no flag); ``choices``: what the flag accepts (checked by argparse);
@@ -82,6 +130,13 @@ class Option:
     from_cli: Callable[[Any], Any] | None = None
     #: accepted values named in the reference where the flag does not check them
     allowed: str = ""
+    #: the least value an integer option takes (checked in a cluster file's instance)
+    minimum: int | None = None
+    #: what a cluster file's instance may give where ``choices`` is None (None: any value
+    #: of the option's type)
+    accepts: tuple | Callable[[], list] | None = None
+    #: how ``vllm serve`` spells it (None: not a vLLM engine flag)
+    vllm: VllmArg | None = None
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING,
@@ -95,35 +150,41 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
 class SimOptions:
     max_num_seqs: int = option(
         256, "most requests in one step (vLLM's max_num_seqs)", scope=INSTANCE,
-        knob=Knob(after="prefix_sharing"))
+        knob=Knob(after="prefix_sharing"), minimum=1, vllm=VllmArg("--max-num-seqs"))
     max_num_batched_tokens: int = option(
         2048, "token budget of one step (vLLM's max_num_batched_tokens; 0 = no budget, as "
-        "LLMServingSim's decode instances use)", scope=INSTANCE, knob=Knob())
+        "LLMServingSim's decode instances use)", scope=INSTANCE, knob=Knob(), minimum=0,
+        vllm=VllmArg("--max-num-batched-tokens", omit=(0,)))
     long_prefill_token_threshold: int = option(
         0, "cap on one request's prefill chunk per step (0 = no cap, vLLM's default)",
-        scope=INSTANCE, knob=Knob(minimum=0))
+        scope=INSTANCE, knob=Knob(minimum=0), minimum=0,
+        vllm=VllmArg("--long-prefill-token-threshold", omit=(0,)))
     block_size: int = option(
         16, "tokens per KV block", scope=INSTANCE,
-        knob=Knob(values=VLLM_BLOCK_SIZES, refusal="is not one vLLM accepts"))
+        knob=Knob(values=VLLM_BLOCK_SIZES, refusal="is not one vLLM accepts"), minimum=1,
+        vllm=VllmArg("--block-size"))
     enable_prefix_caching: bool = option(
-        True, "vLLM's automatic prefix caching", scope=INSTANCE, knob=Knob())
+        True, "vLLM's automatic prefix caching", scope=INSTANCE, knob=Knob(),
+        vllm=VllmArg("--enable-prefix-caching"))
     enable_chunked_prefill: bool = option(
         True, "split long prompts over steps within the token budget", scope=INSTANCE,
-        knob=Knob())
+        knob=Knob(), vllm=VllmArg("--enable-chunked-prefill"))
     reserve_full_isl: bool = option(
         True, "vLLM's scheduler_reserve_full_isl admission rule: admit a waiting request only "
         "if its whole sequence fits in free KV blocks, not merely its first chunk")
     async_scheduling: bool | None = option(
         None, "vLLM's async scheduling: step N+1 is scheduled before step N's outputs are "
-        "processed (default: as the simulated --vllm-version, on from 0.14)")
+        "processed (default: as the simulated --vllm-version, on from 0.14)",
+        vllm=VllmArg("--async-scheduling", omit=(None,)))
     vllm_version: str = option(
         "0.19.0", "vLLM release whose defaults are simulated where rules changed")
     scheduling_policy: str = option(
         "fcfs", "waiting order and preemption victim (requests' 'priority' field)",
-        choices=("fcfs", "priority"))
+        choices=("fcfs", "priority"), vllm=VllmArg("--scheduling-policy", omit=("fcfs",)))
     max_model_len: int | None = option(
         None, "longest sequence (prompt + output): longer prompts are rejected, outputs stop "
-        "there (default: no limit beyond the KV capacity)")
+        "there (default: no limit beyond the KV capacity)",
+        vllm=VllmArg("--max-model-len", omit=(None,)))
     prefix_storage: str | None = option(
         None, "keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)",
         choices=("CPU", "CXL"))
@@ -145,11 +206,15 @@ class SimOptions:
     all2all_backend: str = option(
         ALL2ALL_BACKENDS[0], "how MoE layers exchange tokens across a DP group (vLLM's "
         "all2all_backend; default: vLLM 0.19's allgather_reducescatter)", scope=INSTANCE,
-        choices=ALL2ALL_BACKENDS, knob=Knob(after="dp"))
+        choices=ALL2ALL_BACKENDS, knob=Knob(after="dp"),
+        vllm=VllmArg("--all2all-backend",
+                     needs=("--data-parallel-size", "--enable-expert-parallel")))
     max_cudagraph_capture_size: int | None = option(
         None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to "
         "a common token count when all of them run a graph. Default: min(2 * max_num_seqs, "
-        "512); 0: eager mode", flag=None)
+        "512); 0: eager mode", flag=None,
+        vllm=VllmArg("--max-cudagraph-capture-size", omit=(None,),
+                     special=((0, ("--enforce-eager",)),)))
     pd_decode_policy: str = option(
         "LOAD", "PD disaggregation: how a finished prefill picks its decode instance: LOAD, "
         "RR or LEAST_KV")
@@ -157,10 +222,12 @@ class SimOptions:
     quantization: str | None = option(
         None, "weight quantization as vllm serve: fp8 (W8A8); default: the checkpoint's",
         scope=INSTANCE, knob=Knob(after="collective_algorithm", values=("none", "fp8"),
-                                  none="none"), allowed="fp8")
+                                  none="none"), allowed="fp8", accepts=("fp8",),
+        vllm=VllmArg("--quantization", omit=(None,)))
     kv_cache_dtype: str = option(
         "auto", "KV-cache dtype as vllm serve: auto (the model dtype), fp8, fp8_e4m3, "
-        "fp8_e5m2, bfloat16", scope=INSTANCE, knob=Knob(values=("auto", "fp8")))
+        "fp8_e5m2, bfloat16", scope=INSTANCE, knob=Knob(values=("auto", "fp8")),
+        accepts=_kv_cache_dtypes, vllm=VllmArg("--kv-cache-dtype", omit=("auto",)))
     latency_provider: str = option(
         "auto", "auto (measured bundle, then aiconfigurator's database, then roofline) or a "
         "registered provider", choices=_latency_providers,
@@ -280,14 +347,6 @@ def _resolve(values) -> list | None:
 INSTANCE_OPTIONS = tuple(name for name, _, _, o in declarations() if o.scope == INSTANCE)
 
 
-def check_instance_value(name: str, value: Any, source: str) -> None:
-    """An instance's override of a declared option with fixed choices: one of them."""
-    choices = next(o.choices for n, _, _, o in declarations() if n == name)
-    if choices is not None and not callable(choices) and value not in choices:
-        raise InputError(f"field {name!r} must be one of {', '.join(choices)}, got {value!r}",
-                         source=source)
-
-
 def flag_of(name: str, opt: Option) -> str | None:
     return None if opt.flag is None else (opt.flag or "--" + name.replace("_", "-"))
 
@@ -374,8 +433,8 @@ def knob_table() -> list[KnobSpec]:
 
 def markdown_reference() -> str:
     """The README's option table: one row per option."""
-    rows = ["| option | `llmsim run` flag | scope | dse knob | default | allowed | meaning |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| option | `llmsim run` flag | scope | dse knob | `vllm serve` | default | allowed | "
+            "meaning |", "|---|---|---|---|---|---|---|---|"]
     for name, kind, default, opt in declarations():
         flag = flag_of(name, opt)
         if kind == "bool" and flag and default is not False:
@@ -387,8 +446,9 @@ def markdown_reference() -> str:
             knob = "yes: " + ", ".join(map(str, opt.knob.values))
         else:
             knob = "yes" if opt.knob is not None else ""
+        vllm = f"`{opt.vllm.spelled(kind == 'bool')}`" if opt.vllm is not None else ""
         cells = [f"`{name}`", f"`{flag}`" if flag else "", opt.scope if opt.scope == INSTANCE
-                 else "", knob, f"`{default!r}`", allowed, opt.help.replace("|", "\\|")]
+                 else "", knob, vllm, f"`{default!r}`", allowed, opt.help.replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 

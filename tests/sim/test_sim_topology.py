@@ -116,9 +116,8 @@ def test_collective_algorithm_from_the_cluster_file():
     c = _cluster(tp=4, collective_algorithm="halvingDoubling")
     assert instance_topology(c, c.instances[0]).system()["all-reduce-implementation"] == \
         ["halvingDoubling"]
-    bad = _cluster(tp=4, collective_algorithm="butterfly")
     with pytest.raises(sim.InputError, match="collective_algorithm.*known: ring"):
-        instance_topology(bad, bad.instances[0])
+        _cluster(tp=4, collective_algorithm="butterfly")  # refused by the cluster schema
 
 
 def test_unknown_hardware_needs_the_cluster_links():
@@ -131,8 +130,8 @@ def test_unknown_hardware_needs_the_cluster_links():
 
 
 @pytest.mark.parametrize("top,fragment", [
-    ({"collective_algorithm": "butterfly"}, "collective_algorithm': unknown algorithm 'butterfly'"),
-    ({"link_bw": [1, 2, 3]}, "field 'link_bw' must be"),
+    ({"collective_algorithm": "butterfly"}, "collective_algorithm: unknown algorithm 'butterfly'"),
+    ({"link_bw": [1, 2, 3]}, "link_bw: must be"),
 ])
 def test_bad_network_fields_exit_2_with_one_line(tmp_path, top, fragment):
     p = _llmsim_run(tmp_path, **top)

@@ -17,8 +17,9 @@ from sim.metrics import PERCENTILES, stats_ms
 
 # Never on the `llmsim run` path (the DSE driver's and the reports' libraries).
 HEAVY = ("pandas", "plotly", "mlflow", "ray", "optuna", "scipy", "torch", "aiconfigurator_core")
-# Not needed by a run of a dense model whose profile bundle is in the cache.
-NOT_NEEDED = ("numpy", "yaml", "google.protobuf")
+# Not needed by a run of a dense model whose profile bundle and cluster file are in the
+# cache (the first run validates the cluster file with pydantic: sim/cluster_schema.py).
+NOT_NEEDED = ("numpy", "yaml", "google.protobuf", "pydantic", "pydantic_core")
 
 _MODULES = r"""
 import json, sys
@@ -61,8 +62,8 @@ def test_llmsim_run_loads_nothing_it_does_not_use(run_files, tmp_path):
             "--output", str(tmp_path / "o.csv")]
     body = f"from sim.cli import main\nassert main({args!r}) == 0"
     env = {"LLMSIM_CACHE_DIR": str(tmp_path / "cache")}
-    first = _modules_after(body, env)   # parses the bundle, fills the cache
-    assert _loaded(first, HEAVY) == []
+    first = _modules_after(body, env)   # parses the bundle and the cluster, fills the cache
+    assert _loaded(first, HEAVY) == [] and "pydantic" in first
     warm = _modules_after(body, env)
     assert _loaded(warm, HEAVY + NOT_NEEDED) == []
     assert (tmp_path / "o.csv").read_text().count("\n") == 6
