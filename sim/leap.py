@@ -91,6 +91,9 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     the completions before the first finish and the step at which each starts its next
     block. (Async) a request whose step in flight is its last leaves at the first
     completion (where nothing waits: its blocks freed could admit a request)."""
+    head_hit = _head_hit(sch)
+    if head_hit is False:
+        return None
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
@@ -145,12 +148,32 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
             return None  # (the leaving requests' seats free up for step 1)
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
                                                         pops_through, free0, computed0, output0,
-                                                        freed)
+                                                        freed, head_hit)
     if max_steps < 1:
         return None
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
                     stay)
+
+
+def _head_hit(sch: Scheduler):
+    """The waiting head's prefix hit where a step would look it up (None where it is not
+    looked up), or False where no stretch can start: it would be admitted even if every
+    running request took a block at step 0 (so the plan's pass is not needed)."""
+    waiting = sch.waiting
+    n = len(sch.running)
+    budget = sch.budget - n
+    if not waiting or budget <= 0 or n >= sch.max_num_seqs:
+        return None
+    head = waiting[0]
+    kv = sch.kv
+    looked_up = head.num_computed == 0 and kv.enable_prefix_caching
+    if head.remote_kv or (looked_up and kv.lower_tier is not None):
+        return False
+    hit = kv.lookup(head) if looked_up else []
+    if _head_admissible(sch, head, hit, kv.num_free - n, budget):
+        return False
+    return hit
 
 
 #: a first block step for requests that allocate none
@@ -194,7 +217,7 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
                            pops_through: list[int], free0: int, computed0: list[int],
-                           output0: list[int], freed: list[int]
+                           output0: list[int], freed: list[int], hit: list[int] | None
                            ) -> tuple[int, tuple[int, int] | None]:
     """Steps before the waiting head could be admitted, and what its lookup accounts.
 
@@ -213,7 +236,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
     if looked_up and kv.lower_tier is not None:
         return 0, None  # a lower-tier lookup reorders the tier's LRU: step it
-    hit = kv.lookup(head) if looked_up else []
+    if hit is None:
+        hit = kv.lookup(head) if looked_up else []
     if _head_admissible(sch, head, hit, free0 - pops_through[0], budget):
         return 0, None
     if freed and max_steps > 1 and _head_admissible(
