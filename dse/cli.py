@@ -113,6 +113,20 @@ def _check_ray_address(flag: str | None, workers: int | None) -> None:
         _probe_address(address, CONNECT_TIMEOUT_S)
 
 
+def _sigterm_interrupts() -> None:
+    """SIGTERM (a scheduler's or ``kill``'s stop) ends a search as Ctrl-C does: the
+    running trials are recorded as interrupted, the workers shut down, the MLflow run
+    closed, and the same command resumes (without this Python dies at once, leaving the
+    parent run RUNNING and the workers to be reaped)."""
+    import threading
+
+    def _stop(*_):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+
+
 def cmd_search(a) -> int:
     from rich.console import Console
 
@@ -129,6 +143,7 @@ def cmd_search(a) -> int:
                        else space.search.workers)
     out = check_out_dir(Path(a.out or Path("runs") / space.name))
     console = Console(stderr=True)
+    _sigterm_interrupts()
     driver = Driver(space, out, n_trials=a.n_trials, workers=a.workers,
                     ray_address=a.ray_address, tracking_uri=a.tracking_uri, fresh=a.fresh,
                     deterministic=a.deterministic, seed=a.seed,
@@ -295,6 +310,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_ui(a)
     except InputError as exc:
         print(f"dse: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except OSError as exc:  # a file or folder that cannot be written (or read) now
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"dse: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except MemoryError:
+        print(f"dse: error: out of memory running `dse {a.cmd}`: the space or its workload "
+              "asks for more than this machine holds", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
         print("dse: interrupted; rerun the same command to resume", file=sys.stderr)

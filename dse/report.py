@@ -226,25 +226,51 @@ def load_study(out: Path):
     """The space and the Optuna study stored in a search output folder."""
     import optuna
 
-    from dse.space import load_space, parse_space
-    from dse.store import SPACE_COPY, STUDY_JSON, open_storage
+    from dse.space import load_space
+    from dse.store import JOURNAL, SPACE_COPY, STUDY_JSON, open_storage, read_meta
     from sim.errors import InputError
 
     meta_path = out / STUDY_JSON
     if not meta_path.exists():
         raise InputError(f"{out}: not a dse search folder (no {STUDY_JSON}); run "
                          "`dse search SPACE.yaml --out DIR` first")
-    meta = json.loads(meta_path.read_text())
+    meta = read_meta(out)
+    name = meta.get("study_name")
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{meta_path}: no study_name; not a study file written by `dse "
+                         "search` (rerun the search with --fresh to start over)")
     copy = out / SPACE_COPY
-    orig = Path(meta.get("space_path", ""))
+    orig = Path(str(meta.get("space_path") or ""))
     if copy.exists():
-        import yaml
-
-        text = copy.read_text()
-        space = parse_space(yaml.safe_load(text), str(orig if orig.name else copy),
-                            base_dir=orig.parent if orig.name else out, text=text)
+        space = _space_copy(copy, orig, out)
     else:
         space = load_space(orig)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=meta["study_name"], storage=open_storage(out))
+    storage = open_storage(out)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise InputError(f"{out / JOURNAL}: holds no study named {name!r} (the name in "
+                         f"{STUDY_JSON}); rerun the search with --fresh to start over") \
+            from None
     return space, study, meta
+
+
+def _space_copy(copy: Path, orig: Path, out: Path):
+    """The space as stored beside the study (``space.yaml``), read as ``dse search`` read
+    the original, errors named by the copy."""
+    import yaml
+
+    from dse.space import parse_space
+    from sim.errors import InputError, read_text_input
+    from sim.yamlio import strict_load, yaml_problem
+
+    text = read_text_input(copy, "a search space", "a YAML")
+    try:
+        data = strict_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{copy}: YAML syntax error: {yaml_problem(exc)}") from None
+    except (RecursionError, ValueError) as exc:
+        raise InputError(f"{copy}: malformed YAML ({exc or 'nested too deeply'})") from None
+    return parse_space(data, str(orig if orig.name else copy),
+                       base_dir=orig.parent if orig.name else out, text=text)

@@ -389,8 +389,10 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a search-space YAML file."""
     path = Path(path)
     text = read_text_input(path, "a search space", "a YAML")
+    from sim.yamlio import strict_load
+
     try:
-        data = yaml.safe_load(text)
+        data = strict_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -398,6 +400,8 @@ def load_space(path: str | Path) -> Space:
         raise InputError(f"{path}: YAML syntax error{at}: {problem}") from None
     except RecursionError:
         raise InputError(f"{path}: YAML nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise InputError(f"{path}: YAML value out of range ({exc})") from None
     return parse_space(data, str(path), base_dir=path.parent, text=text)
 
 
@@ -628,6 +632,7 @@ def _check_semantics(space: Space, spec) -> None:
         if key in k and not k[key].may_take(lambda v: v <= space.devices_per_node):
             raise InputError(f"knobs.{key}: every value exceeds budget.devices_per_node "
                              f"({space.devices_per_node})")
+    _check_fits_at_all(space, spec)
     if space.attainment is None and any(o.name == "goodput_per_device" for o in space.objectives):
         raise InputError("objectives: goodput_per_device needs slo.attainment (per-request "
                          "limits) to decide which requests are good")
@@ -647,6 +652,33 @@ def _check_semantics(space: Space, spec) -> None:
                              "highest rate that still meets them")
     if space.search.sampler == "grid":
         space.grid()  # raises on infinite domains
+
+
+def _least(dom: Domain | None) -> int:
+    """The smallest value an integer knob's domain takes (1 when it is not a knob)."""
+    if dom is None:
+        return 1
+    vals = dom.finite_values()
+    return int(min(vals) if vals is not None else dom.low)
+
+
+def _check_fits_at_all(space: Space, spec) -> None:
+    """Refuse a space none of whose configurations can run (every trial would be rejected):
+    no tp value divides the model's attention heads, or even the smallest tp x pp x
+    replicas needs more devices than the budget."""
+    k = space.knobs
+    heads = spec.num_attention_heads
+    if "tp" in k and not k["tp"].may_take(lambda v: heads % v == 0):
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise InputError(f"knobs.tp: no value divides num_attention_heads={heads} of "
+                         f"{space.model}; allowed: {', '.join(map(str, divisors))}")
+    if "replicas" in k:
+        least = {n: _least(k.get(n)) for n in ("tp", "pp", "replicas")}
+        need = least["tp"] * least["pp"] * least["replicas"]
+        if need > space.total_devices:
+            raise InputError(f"knobs: the smallest configuration (tp={least['tp']}, "
+                             f"pp={least['pp']}, replicas={least['replicas']}) needs {need} "
+                             f"devices, over budget.total_devices ({space.total_devices})")
 
 
 def pd_split(ratio: str, replicas: int) -> tuple[int, int]:

@@ -57,8 +57,9 @@ def read_meta(out: Path) -> dict:
         return {}
     try:
         meta = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{p}: not a readable study file ({exc}); rerun the search with "
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = str(exc) or "nested too deeply"
+        raise InputError(f"{p}: not a readable study file ({why}); rerun the search with "
                          "--fresh to start over") from None
     if not isinstance(meta, dict):
         raise InputError(f"{p}: not a study file (a JSON object is expected); rerun the "
@@ -130,7 +131,13 @@ def open_storage(out: Path, backend=None):
     if backend is None:
         path = str(out / JOURNAL)
         backend = JournalFileBackend(path, lock_obj=_journal_lock(path))
-    return JournalStorage(backend)
+    try:  # the journal is replayed here: a corrupt one fails now
+        return JournalStorage(backend)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{out / JOURNAL}: the study journal is corrupt "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); move "
+                         "the folder away, or rerun with --fresh (which deletes the study)") \
+            from None
 
 
 def _journal_lock(path: str):

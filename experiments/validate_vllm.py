@@ -38,7 +38,21 @@ STATS = ("mean", "p50", "p90", "p99")
 
 
 def measured_stats(requests_jsonl: Path) -> dict[str, dict[str, float]]:
-    rows = [json.loads(line) for line in requests_jsonl.read_text().splitlines() if line.strip()]
+    from sim.compare import metrics_from_requests
+    from sim.errors import InputError, read_text_input
+
+    rows = []
+    text = read_text_input(requests_jsonl, "a per-request JSONL", "a JSONL")
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except (ValueError, RecursionError) as exc:
+                raise InputError(f"malformed JSON ({exc or 'nested too deeply'})",
+                                 source=f"{requests_jsonl}:{lineno}") from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise InputError("each line must be a JSON object", source=str(requests_jsonl))
+    metrics_from_requests(rows, str(requests_jsonl))  # every field checked, one line each
     ttft = [r["first_token_ts"] - r["queued_ts"] for r in rows]
     tpot = [(r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1) for r in rows]
     e2e = [r["last_token_ts"] - r["queued_ts"] for r in rows]
@@ -73,7 +87,7 @@ def run_validation(folder: Path, latency_provider: str = "measured",
     ``kv_blocks_from_run`` replays with the KV block count vLLM logged (its
     num_gpu_blocks_override) instead of the count the simulator derives from memory;
     ``kv_blocks`` replays with that many."""
-    meta = json.loads((folder / "vllm" / "meta.json").read_text())
+    meta = load_meta(folder)
     kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
     dataset = shared_data_root() / meta["dataset_path"]
@@ -100,6 +114,42 @@ def run_validation(folder: Path, latency_provider: str = "measured",
                           latency_provider=latency_provider, **_resolved_moe_options(meta))
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
     return sim.simulate(cluster, workload, opts), meta
+
+
+def load_meta(folder: Path) -> dict:
+    """A validation folder's vllm/meta.json, with the fields the replay reads checked."""
+    from sim.errors import InputError, read_text_input
+
+    path = folder / "vllm" / "meta.json"
+    try:
+        meta = json.loads(read_text_input(path, "a run's meta.json", "a JSON"))
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"malformed JSON ({exc or 'nested too deeply'})",
+                         source=str(path)) from None
+    kw = meta.get("engine_kwargs") if isinstance(meta, dict) else None
+    ok = isinstance(kw, dict) and all(
+        isinstance(kw.get(k), int) and not isinstance(kw.get(k), bool) and kw[k] > 0
+        for k in ("max_num_seqs", "max_num_batched_tokens"))
+    if not ok or not isinstance(meta.get("dataset_path"), str) \
+            or not isinstance(meta.get("kv_cache", {}), dict):
+        raise InputError("needs engine_kwargs.max_num_seqs and .max_num_batched_tokens "
+                         "(integers > 0), dataset_path (a path under ../shared/data) and "
+                         "kv_cache (a mapping)", source=str(path))
+    return meta
+
+
+def check_folder(folder: Path) -> None:
+    """A validation folder holds cluster.json, vllm/meta.json and vllm/requests.jsonl."""
+    from sim.errors import InputError
+
+    if not folder.is_dir():
+        raise InputError(f"{folder}: no such folder (a validation folder with cluster.json, "
+                         "vllm/meta.json and vllm/requests.jsonl)")
+    missing = [n for n in ("cluster.json", "vllm/meta.json", "vllm/requests.jsonl")
+               if not (folder / n).is_file()]
+    if missing:
+        raise InputError(f"{folder}: missing {', '.join(missing)} (a validation folder holds "
+                         "cluster.json, vllm/meta.json and vllm/requests.jsonl)")
 
 
 def _blocks(per_instance: dict) -> str:
@@ -149,6 +199,23 @@ def main(argv=None) -> int:
     if not folders:
         print(f"no validation folders under {shared_data_root() / 'validation'}", file=sys.stderr)
         return 2
+    from sim.errors import EXIT_INPUT_ERROR, InputError
+    from sim.latency.base import provider_names
+
+    try:
+        if args.latency_provider not in provider_names():
+            raise InputError(f"--latency-provider: unknown {args.latency_provider!r}; "
+                             f"allowed: {', '.join(provider_names())}")
+        for folder in folders:
+            check_folder(folder)
+        return _report(folders, args)
+    except InputError as exc:
+        print(f"validate_vllm: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+
+
+def _report(folders: list[Path], args) -> int:
+    """Replay each folder and print its error table."""
     worst = 0.0
     missed = []
     for folder in folders:

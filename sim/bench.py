@@ -153,6 +153,9 @@ def _file_requests(args, n: int) -> list[Request]:
     return heads
 
 
+_MAX_LEN = 2**31 - 1  # a prompt or output length (vLLM's max_model_len is an int32)
+
+
 def _random_requests(args, rng: np.random.Generator, n: int) -> list[Request]:
     r = args.random_range_ratio
     if not 0 <= r < 1:
@@ -160,8 +163,8 @@ def _random_requests(args, rng: np.random.Generator, n: int) -> list[Request]:
     lens = []
     for flag, length in (("--random-input-len", args.random_input_len),
                          ("--random-output-len", args.random_output_len)):
-        if length < 1:
-            raise InputError(f"{flag} must be >= 1, got {length}")
+        if not 1 <= length <= _MAX_LEN:
+            raise InputError(f"{flag} must be in 1..{_MAX_LEN}, got {length}")
         lo, hi = max(1, math.floor(length * (1 - r))), math.ceil(length * (1 + r))
         lens.append(rng.integers(lo, hi + 1, size=n))
     return [Request(i, 0, int(lens[0][i]), int(lens[1][i])) for i in range(n)]
@@ -188,10 +191,15 @@ def bench_workload(args) -> Workload:
         for q in reqs:
             q.arrival_ns = 0
     else:
-        if args.burstiness <= 0:
-            raise InputError(f"--burstiness must be > 0, got {args.burstiness}")
-        gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
-        for q, t in zip(reqs, np.cumsum(gaps) - gaps[0]):
+        if not (0 < args.burstiness < math.inf):
+            raise InputError(f"--burstiness must be a finite number > 0, got {args.burstiness}")
+        with np.errstate(over="ignore"):
+            gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
+            times = np.cumsum(gaps) - gaps[0]
+        if not float(times[-1]) * 1e9 < 2**62:  # NaN fails too
+            raise InputError(f"--request-rate {args.request_rate}: {n} prompts would arrive "
+                             "over more than 146 years of simulated time; give a larger rate")
+        for q, t in zip(reqs, times):
             q.arrival_ns = int(t * 1e9)
     # --max-concurrency caps the requests in flight: with an infinite rate a closed loop of N
     # clients; with a rate or trace timestamps, each request goes out at its own time or when
@@ -209,7 +217,7 @@ def _percentiles(raw: str) -> list[float]:
     except ValueError:
         raise InputError(f"--metric-percentiles must be numbers like 50,90,99, got {raw!r}") \
             from None
-    if not ps or any(not 0 < p <= 100 for p in ps):
+    if not ps or any(not 0 < p <= 100 for p in ps):  # NaN fails the test too
         raise InputError(f"--metric-percentiles must be in (0, 100], got {raw!r}")
     return ps
 
@@ -299,6 +307,37 @@ def result_table(res: dict, args, metrics: list[str], pcts: list[float]) -> str:
     return "\n".join(lines)
 
 
+def _result_path(args) -> Path:
+    return Path(args.result_dir or ".") / (args.result_filename or (
+        f"llmsim-{args.request_rate}qps-{Path(args.model).name}-<date>.json"))
+
+
+def _check_result_flags(args) -> None:
+    """The flags only read after the simulation, checked before it: the metrics and
+    percentiles, and (with --save-result) that the result file can be written."""
+    from sim.options import vllm_refusal
+
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    for d in args.profiles:
+        if not Path(d).is_dir():
+            raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
+                             "<HW>/<org>/<model>/<variant>/)")
+    why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
+    if why:
+        raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
+    bad = [m.strip() for m in args.percentile_metrics.split(",")
+           if m.strip() and m.strip() not in METRIC_LABELS]
+    if bad:
+        raise InputError(f"--percentile-metrics: unknown {bad}; allowed: "
+                         f"{', '.join(METRIC_LABELS)}")
+    _percentiles(args.metric_percentiles)
+    if args.save_result:
+        from sim.paths import check_output_file
+
+        check_output_file(_result_path(args), "--result-dir/--result-filename")
+
+
 def run_bench(args) -> tuple[dict, str]:
     """Simulate the benchmark: (the saved JSON's mapping, the printed table)."""
     import sim
@@ -309,6 +348,7 @@ def run_bench(args) -> tuple[dict, str]:
     if args.latency_provider not in provider_names():
         raise InputError(f"--latency-provider: unknown {args.latency_provider!r}; allowed: "
                          f"{', '.join(provider_names())}")
+    _check_result_flags(args)
     cluster = parse_cluster(bench_cluster(args), source="llmsim bench flags")
     workload = bench_workload(args)
     opts = SimOptions(seed=args.seed, latency_provider=args.latency_provider,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
 from sim.options import add_cli_flags
-from sim.paths import writable_dir
+from sim.paths import check_output_file, writable_dir
 
 
 def _add_run(sub) -> None:
@@ -40,25 +40,6 @@ def _add_run(sub) -> None:
     add_cli_flags(p)  # one flag per SimOptions field that has one (sim/options.py)
     p.add_argument("--log-level", default="WARNING",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
-
-def check_output_file(path: str | Path, flag: str) -> Path:
-    """Refuse an output path that cannot be written (a folder, a parent that is a file, no
-    permission) before anything runs, by creating it (and its folder) now; returns it."""
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{flag} {str(p)!r} is a folder; give a file path")
-    existed = p.exists()
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with p.open("a"):
-            pass
-    except OSError as exc:
-        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
-            from None
-    if not existed:
-        p.unlink(missing_ok=True)
-    return p
 
 
 def _check_run_flags(args) -> None:
@@ -317,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file that changed under us after the checks
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except MemoryError:  # an input that asks for more than this machine has
+        print(f"llmsim: error: out of memory running `llmsim {args.cmd}`: the input asks "
+              "for more than this machine holds (fewer requests, shorter sequences or a "
+              "smaller cluster)", file=sys.stderr)
         return EXIT_INPUT_ERROR
 
 

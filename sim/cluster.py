@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.errors import InputError, read_text_input
+from sim.errors import InputError, read_text_input, unique_keys
 from sim.options import DEFAULT_MEM_UTIL
 
 GiB = 1 << 30
@@ -148,13 +148,18 @@ def _read(path: Path) -> tuple[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         import yaml  # only for YAML configs (startup time of `llmsim run`)
 
-        syntax_errors: tuple[type[Exception], ...] = (yaml.YAMLError,)
-    else:
-        syntax_errors = (json.JSONDecodeError,)
+        from sim.yamlio import strict_load, yaml_problem
+        try:
+            return text, strict_load(text)
+        except yaml.YAMLError as exc:
+            raise InputError(f"malformed cluster config: {yaml_problem(exc)}",
+                             source=str(path)) from None
+        except RecursionError:
+            raise InputError("malformed cluster config: nested too deeply",
+                             source=str(path)) from None
     try:
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else \
-            json.loads(text, parse_constant=_refuse_constant)
-    except syntax_errors as exc:
+        data = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"malformed cluster config: {msg}", source=str(path)) from None
     except (ValueError, RecursionError) as exc:

@@ -40,10 +40,18 @@ def metrics_from_requests(rows: list[dict], source: str) -> dict:
     """vLLM's aggregate keys from per-request timestamps (seconds)."""
     need = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
     for i, r in enumerate(rows, start=1):
-        missing = [k for k in need if not isinstance(r.get(k), (int, float))]
+        missing = [k for k in need if isinstance(r.get(k), bool)
+                   or not isinstance(r.get(k), (int, float))]
         if missing:
             raise InputError(f"line {i}: missing or non-numeric {missing}; a per-request JSONL "
                              f"needs {', '.join(need)}", source=source)
+        bad = [k for k in need if abs(r[k]) > 1e15 or not math.isfinite(r[k]) or r[k] < 0]
+        if bad:
+            raise InputError(f"line {i}: {bad} must be finite numbers >= 0 (timestamps in "
+                             "seconds, token counts)", source=source)
+        if r["first_token_ts"] < r["queued_ts"] or r["last_token_ts"] < r["first_token_ts"]:
+            raise InputError(f"line {i}: timestamps must satisfy queued_ts <= first_token_ts "
+                             "<= last_token_ts", source=source)
     if not rows:
         raise InputError("no requests", source=source)
     start = min(r["queued_ts"] for r in rows)
@@ -62,21 +70,54 @@ def metrics_from_requests(rows: list[dict], source: str) -> dict:
     return out
 
 
-def load_result(path: str | Path) -> dict:
-    """A result mapping from a bench JSON or a per-request JSONL."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read result: {exc.strerror}", source=str(path)) from None
+def _parse_result_text(text: str, source: str):
+    """The JSON document, or the list of a JSONL's objects; malformed lines named."""
     stripped = text.strip()
     try:
-        data = json.loads(stripped)
+        return json.loads(stripped)
     except json.JSONDecodeError:
+        pass
+    except RecursionError:
+        raise InputError("malformed JSON (nested too deeply)", source=source) from None
+    rows = []
+    for lineno, line in enumerate(stripped.splitlines(), start=1):
+        if not line.strip():
+            continue
         try:  # one JSON object per line: a per-request JSONL
-            data = [json.loads(line) for line in stripped.splitlines() if line.strip()]
+            rows.append(json.loads(line, parse_constant=_refuse_constant))
         except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON/JSONL: {exc}", source=str(path)) from None
+            raise InputError(f"line {lineno}: malformed JSON/JSONL ({exc.msg} at column "
+                             f"{exc.colno})", source=source) from None
+        except ValueError as exc:
+            raise InputError(f"line {lineno}: malformed JSON ({exc})", source=source) from None
+        except RecursionError:
+            raise InputError(f"line {lineno}: malformed JSON (nested too deeply)",
+                             source=source) from None
+    return rows
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_metrics(data: dict, source: str) -> None:
+    """A result JSON's metrics are numbers (null or NaN, as vLLM writes for a metric with
+    no samples, count as absent)."""
+    for k in ROWS:
+        v = data.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InputError(f"field {k!r} must be a number, got {v!r}", source=source)
+        if isinstance(v, int) and abs(v) > 2**53:
+            raise InputError(f"field {k!r} is out of range: {v}", source=source)
+
+
+def load_result(path: str | Path) -> dict:
+    """A result mapping from a bench JSON or a per-request JSONL."""
+    from sim.errors import read_text_input
+
+    path = Path(path)
+    text = read_text_input(path, "a benchmark result", "a JSON or JSONL")
+    data = _parse_result_text(text, str(path))
     if isinstance(data, dict) and "first_token_ts" in data:
         data = [data]
     if isinstance(data, list):
@@ -86,6 +127,7 @@ def load_result(path: str | Path) -> dict:
     if not isinstance(data, dict) or not any(k in data for k in ROWS):
         raise InputError("not a benchmark result: expected vLLM's keys (mean_ttft_ms, "
                          "request_throughput, ...) or a per-request JSONL", source=str(path))
+    _check_metrics(data, str(path))
     return data
 
 

@@ -39,3 +39,15 @@ def read_text_input(path, what: str, kind: str) -> str:
     except OSError as exc:
         raise InputError(f"cannot read {what.split(' ', 1)[1]}: {exc.strerror or exc}",
                          source=str(path)) from None
+
+
+def unique_keys(pairs: list) -> dict:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, refusing a key given
+    twice (JSON keeps the last silently; a user's duplicate is a mistake). Raises
+    ValueError, which the loaders report as malformed JSON."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {dup!r} appears twice in one object; give it once")
+    return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from sim.errors import InputError, unknown_name
+from sim.errors import InputError, unique_keys, unknown_name
 from sim.paths import profiles_root
 from sim.yamlio import load_yaml_files
 
@@ -244,35 +244,88 @@ class ModelSpec:
                 f"of {self.name}", source=source)
 
 
+_DIM_MAX = 2**31 - 1  # torch's int32 shape limits in the kernels vLLM runs
+
+
+def _spec_int(d: dict, key: str, source: str, low: int, default: int | None = None) -> int:
+    """Field ``key`` of a model spec: an integer in [low, 2**31); absent or null gives
+    ``default`` (None: required)."""
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise InputError(f"model spec field {key!r} is missing (an integer >= {low})",
+                             source=source)
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _DIM_MAX:
+        raise InputError(f"model spec field {key!r} must be an integer in "
+                         f"{low}..{_DIM_MAX}, got {v!r}", source=source)
+    return v
+
+
+def _spec_fields(d: dict, source: str) -> dict:
+    """The integer and flag fields of a model spec, checked (what the memory and latency
+    formulas divide by and multiply with)."""
+    heads = _spec_int(d, "num_attention_heads", source, 1)
+    hidden = _spec_int(d, "hidden_size", source, 1)
+    out = {"hidden_size": hidden, "num_attention_heads": heads,
+           "num_hidden_layers": _spec_int(d, "num_hidden_layers", source, 1),
+           "intermediate_size": _spec_int(d, "intermediate_size", source, 1),
+           "vocab_size": _spec_int(d, "vocab_size", source, 1),
+           "num_key_value_heads": _spec_int(d, "num_key_value_heads", source, 1, heads),
+           "head_dim": _spec_int(d, "head_dim", source, 1, max(1, hidden // heads))}
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "max_position_embeddings"):
+        out[key] = _spec_int(d, key, source, 0, 0)
+    if heads % out["num_key_value_heads"]:
+        raise InputError(f"num_attention_heads={heads} is not a multiple of "
+                         f"num_key_value_heads={out['num_key_value_heads']}", source=source)
+    if out["num_experts_per_tok"] > out["num_experts"]:
+        raise InputError(f"num_experts_per_tok={out['num_experts_per_tok']} exceeds "
+                         f"num_experts={out['num_experts']}", source=source)
+    tie = d.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise InputError(f"model spec field 'tie_word_embeddings' must be true or false, "
+                         f"got {tie!r}", source=source)
+    out["tie_word_embeddings"] = tie
+    return out
+
+
+def _spec_text(d: dict, key: str, source: str, default: str | None) -> str | None:
+    v = d.get(key)
+    if v is None or v == "":
+        return default
+    if not isinstance(v, str):
+        raise InputError(f"model spec field {key!r} must be a string, got {v!r}",
+                         source=source)
+    return v
+
+
 def _from_mapping(d: dict, source: str) -> ModelSpec:
+    if not isinstance(d, dict):
+        raise InputError(f"a model spec is a mapping of fields, got {type(d).__name__}",
+                         source=source)
     required = ("name", "architecture", "hidden_size", "num_hidden_layers",
                 "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [k for k in required if k not in d]
     if missing:
         raise InputError(f"model spec is missing field(s) {missing}", source=source)
     arch = d["architecture"]
-    if arch not in BLOCK_SEQUENCES:
+    if not isinstance(arch, str) or arch not in BLOCK_SEQUENCES:
         raise unknown_name("architecture", arch, BLOCK_SEQUENCES, source)
-    heads = int(d["num_attention_heads"])
+    aliases = d.get("aliases") or ()
+    if not isinstance(aliases, list | tuple) or not all(isinstance(a, str) for a in aliases):
+        raise InputError(f"model spec field 'aliases' must be a list of names, got {aliases!r}",
+                         source=source)
     spec = ModelSpec(
         name=str(d["name"]),
         architecture=arch,
-        hidden_size=int(d["hidden_size"]),
-        num_hidden_layers=int(d["num_hidden_layers"]),
-        num_attention_heads=heads,
-        num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-        head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-        intermediate_size=int(d["intermediate_size"]),
-        vocab_size=int(d["vocab_size"]),
-        dtype=str(d.get("dtype") or "bfloat16"),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        num_experts=int(d.get("num_experts") or 0),
-        num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
-        max_position_embeddings=int(d.get("max_position_embeddings") or 0),
-        aliases=tuple(d.get("aliases") or ()),
-        quantization=d.get("quantization") or None,
-        kv_cache_dtype=str(d.get("kv_cache_dtype") or "auto"),
+        dtype=_spec_text(d, "dtype", source, "bfloat16"),
+        aliases=tuple(aliases),
+        quantization=_spec_text(d, "quantization", source, None),
+        kv_cache_dtype=_spec_text(d, "kv_cache_dtype", source, "auto"),
+        **_spec_fields(d, source),
     )
     check_precision(spec.quantization, spec.kv_cache_dtype, quant_label="field 'quantization'",
                     kv_label="field 'kv_cache_dtype'", source=source)
@@ -286,13 +339,24 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
 
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """Build a spec from a Hugging Face ``config.json``."""
+    from sim.errors import read_text_input
+
     path = Path(path)
+    text = read_text_input(path, "a model config", "a JSON")
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read model config: {exc}", source=str(path)) from None
+        cfg = json.loads(text, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON ({exc.msg}: line {exc.lineno} column {exc.colno})",
+                         source=str(path)) from None
+    except ValueError as exc:  # a key given twice
+        raise InputError(str(exc), source=str(path)) from None
+    except RecursionError:
+        raise InputError("malformed JSON (nested too deeply)", source=str(path)) from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"a model config.json is a JSON object, got {type(cfg).__name__}",
+                         source=str(path))
     model_type = cfg.get("model_type")
-    if model_type not in _HF_ARCH_TO_FAMILY:
+    if not isinstance(model_type, str) or model_type not in _HF_ARCH_TO_FAMILY:
         raise unknown_name("model_type", model_type, _HF_ARCH_TO_FAMILY, str(path))
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
     moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0)
@@ -330,14 +394,17 @@ def hf_quantization(qcfg: dict | None, source: str) -> str | None:
     method = str(qcfg.get("quant_method") or "").lower()
     if method == "fp8":
         return "fp8"
-    if method in ("modelopt", "modelopt_fp8") and str(
-            qcfg.get("quant_algo") or (qcfg.get("quantization") or {}).get("quant_algo")
-            or "").upper() == "FP8":
+    inner = qcfg.get("quantization")
+    algo = qcfg.get("quant_algo") or (inner.get("quant_algo") if isinstance(inner, dict)
+                                      else None)
+    if method in ("modelopt", "modelopt_fp8") and str(algo or "").upper() == "FP8":
         return "fp8"
     if method == "compressed-tensors":
-        groups = (qcfg.get("config_groups") or {}).values()
+        groups = qcfg.get("config_groups")
+        groups = groups.values() if isinstance(groups, dict) else ()
         weights = [g.get("weights") or {} for g in groups if isinstance(g, dict)]
-        if weights and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in weights):
+        if weights and all(isinstance(w, dict) and w.get("num_bits") == 8
+                           and w.get("type") == "float" for w in weights):
             return "fp8"
     raise InputError(f"quantization_config (quant_method={method or None!r}) is not modelled; "
                      "supported: FP8 checkpoints (quant_method fp8, compressed-tensors 8-bit "

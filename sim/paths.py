@@ -35,3 +35,24 @@ def writable_dir(path: str | Path, flag: str, purpose: str = "") -> Path:
         raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
             from None
     return p
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """Refuse an output path that cannot be written (a folder, a parent that is a file, no
+    permission) before anything runs, by creating it (and its folder) now; returns it."""
+    from sim.errors import InputError
+
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {str(p)!r} is a folder; give a file path")
+    existed = p.exists()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{flag} {str(p)!r}: cannot write there ({exc.strerror or exc})") \
+            from None
+    if not existed:
+        p.unlink(missing_ok=True)
+    return p

@@ -110,10 +110,17 @@ def parse_pim_ini(path: str | Path) -> PimDevice:
     path = Path(path)
     cp = configparser.ConfigParser(inline_comment_prefixes=("#", ";"))
     try:
-        with path.open() as fh:
+        with path.open(encoding="utf-8") as fh:
             cp.read_file(fh)
-    except (OSError, configparser.Error) as exc:
-        raise InputError(f"malformed PIM config: {exc}", source=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read PIM config: {exc.strerror or exc}",
+                         source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
+                         "a PIM config is a DRAMSim3 .ini text file", source=str(path)) from None
+    except configparser.Error as exc:
+        raise InputError(f"malformed PIM config: {' '.join(str(exc).split())}",
+                         source=str(path)) from None
     for section, keys in _REQUIRED.items():
         if not cp.has_section(section):
             raise InputError(f"missing section [{section}]", source=str(path))
@@ -128,10 +135,15 @@ def parse_pim_ini(path: str | Path) -> PimDevice:
             return default
         raw = cp.get(section, key).strip()
         try:
-            v = kind(float(raw))
+            f = float(raw)
         except ValueError:
             raise InputError(f"[{section}] {key} must be a number, got {raw!r}",
                              source=str(path)) from None
+        if not math.isfinite(f) or (kind is int and not f.is_integer()):
+            what = "an integer" if kind is int else "a finite number"
+            raise InputError(f"[{section}] {key} must be {what}, got {raw!r}",
+                             source=str(path))
+        v = kind(f)
         if v <= 0 and key not in ("AL",):
             raise InputError(f"[{section}] {key} must be > 0, got {raw}", source=str(path))
         return v

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import InputError
+from sim.errors import InputError, unique_keys
 from sim.request import Request
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
             continue
         where = f"{source}:{lineno}"
         try:
-            obj = json.loads(line, parse_constant=_refuse_constant)
+            obj = json.loads(line, parse_constant=_refuse_constant, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as exc:
             raise InputError(f"malformed JSON ({exc.msg} at column {exc.colno})",
                              source=where) from None

@@ -82,7 +82,10 @@ def _run_prefix(engine: Engine, prefix: str, *, required: bool):
     if not graphs:
         raise EtFormatError(f"no trace files {prefix}.<npu>.et found for NPUs "
                             f"0..{engine.network.num_npus - 1}")
-    return engine.run(graphs)
+    try:
+        return engine.run(graphs)
+    except WorkloadError as e:  # name the traces: the engine knows only NPU numbers
+        raise WorkloadError(f"{prefix}.<npu>.et: {e}") from None
 
 
 def _interactive(engine: Engine, initial: str | None, stdin, out) -> int:

@@ -32,8 +32,9 @@ MEMORY_TYPES = ("NO_MEMORY_EXPANSION", "PER_NPU_MEMORY_EXPANSION",
 
 
 def _num(v: Any, where: str, *, positive=False, nonneg=False, integer=False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{where}: expected a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) \
+            or (isinstance(v, int) and abs(v) > 2**63) or not math.isfinite(v):
+        raise ConfigError(f"{where}: expected a finite number below 2**63, got {v!r}")
     if integer and v != int(v):
         raise ConfigError(f"{where}: expected an integer, got {v!r}")
     if positive and v <= 0:
@@ -143,14 +144,16 @@ class Network:
         import yaml
 
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot read network configuration: {e.strerror}") from None
+        text = _read_text(p, "network configuration", "a YAML")
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from None
+        except (RecursionError, ValueError) as e:  # ValueError: an int of > 4300 digits
+            raise ConfigError(f"{p}: not valid YAML: {e or 'nested too deeply'}") from None
         return cls.from_dict(data, source=str(p))
 
 
@@ -302,12 +305,23 @@ class MemoryConfig:
         return cls.from_dict(_load_json(p, "memory configuration"), source=str(p))
 
 
-def _load_json(p: Path, what: str) -> Any:
+def _read_text(p: Path, what: str, kind: str) -> str:
     try:
-        text = p.read_text()
+        return p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read {what}: {e.strerror}") from None
+        raise ConfigError(f"{p}: cannot read {what}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (undecodable byte {e.object[e.start]:#04x}); "
+                          f"a {what} is {kind} text file") from None
+
+
+def _load_json(p: Path, what: str) -> Any:
+    text = _read_text(p, what, "a JSON")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise ConfigError(f"{p}: not valid JSON ({e})") from None

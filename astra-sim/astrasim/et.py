@@ -261,6 +261,8 @@ def read_workload(prefix, npus, *, required: bool = True,
             continue
         except OSError as e:
             raise EtFormatError(f"{p}: cannot read trace: {e.strerror}") from None
+        except ValueError:  # a NUL byte in the prefix
+            raise EtFormatError(f"{p!r}: not a trace path (it holds a NUL byte)") from None
         g = seen.get(data)
         if g is None:
             g = seen[data] = decode_graph(data, npu, p)

@@ -31,17 +31,18 @@ from __future__ import annotations
 
 import bisect
 import csv
+import math
 from array import array
 from itertools import accumulate
 from pathlib import Path
 
 from sim.cache import cached
-from sim.errors import InputError
+from sim.errors import InputError, read_text_input
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
 from sim.paths import profiles_root, shared_data_root
-from sim.yamlio import safe_load
+from sim.yamlio import strict_load, yaml_problem
 
 VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
 #: provider attributes :meth:`MeasuredProvider._build` makes that are plain data as they are
@@ -87,9 +88,29 @@ def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
                    for p in f.glob("*/meta.yaml")} - {bundle_variant(model)})
 
 
+_KEY_MAX = 2**53  # a grid key (tokens, sequences, KV length) exact as a double
+
+
+def _check_cell(row: dict, c: str) -> str | None:
+    """Why the value of column ``c`` is not allowed (None when it is): a time is a finite
+    number >= 0, a skew fit's alpha any finite number, a grid key an integer >= 0."""
+    try:
+        v = float(row[c])
+    except (TypeError, ValueError):
+        return f"is not a number: {row[c]!r}"
+    if c == "alpha":
+        return None if math.isfinite(v) else f"must be a finite number, got {row[c]!r}"
+    if c == "time_us":
+        return None if math.isfinite(v) and v >= 0 else \
+            f"must be a finite time >= 0 (microseconds), got {row[c]!r}"
+    if not (math.isfinite(v) and v.is_integer() and 0 <= v <= _KEY_MAX):
+        return f"must be an integer >= 0, got {row[c]!r}"
+    return None
+
+
 def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames is None or any(c not in reader.fieldnames for c in columns):
                 raise InputError(f"malformed profile CSV: expected columns {list(columns)}, "
@@ -97,15 +118,51 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
             rows = list(reader)
     except OSError as exc:
         raise InputError(f"cannot read profile: {exc.strerror}", source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
+                         "a profile is a CSV text file", source=str(path)) from None
+    except csv.Error as exc:
+        raise InputError(f"malformed profile CSV ({exc})", source=str(path)) from None
     numeric = [c for c in columns if c != "layer"]
     for lineno, row in enumerate(rows, start=2):
         for c in numeric:
-            try:
-                float(row[c])
-            except (TypeError, ValueError):
-                raise InputError(f"line {lineno}: column {c!r} is not a number: {row[c]!r}",
-                                 source=str(path)) from None
+            why = _check_cell(row, c)
+            if why:
+                raise InputError(f"line {lineno}: column {c!r} {why}", source=str(path))
     return rows
+
+
+def _meta_mapping(d: dict, key, where: str, prefix: str = "") -> dict:
+    """``d[key]`` of a bundle's meta.yaml: a mapping (absent or null: empty)."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InputError(f"field '{prefix}{key}' must be a mapping, got {v!r}", source=where)
+    return v
+
+
+_SKEW_AXES = ("n", "skew_rate", "kv_big", "kp")
+
+
+def _skew_axes(axes: dict, where: str) -> dict:
+    """meta.yaml's skew_fit.bucket_axes, checked: per axis ``<axis>_bins`` (increasing
+    numbers) and ``<axis>_labels`` (one fewer)."""
+    missing = [f"{a}_{k}" for a in _SKEW_AXES for k in ("bins", "labels")
+               if f"{a}_{k}" not in axes]
+    if missing:
+        raise InputError(f"skew_fit.bucket_axes is missing {missing}", source=where)
+    for a in _SKEW_AXES:
+        bins, labels = axes[f"{a}_bins"], axes[f"{a}_labels"]
+        ok = isinstance(bins, list) and isinstance(labels, list) and labels \
+            and len(bins) == len(labels) + 1 \
+            and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bins) \
+            and all(x < y for x, y in zip(bins, bins[1:]))
+        if not ok:
+            raise InputError(f"skew_fit.bucket_axes.{a}_bins must be increasing numbers, one "
+                             f"more than {a}_labels (got {bins!r} and {labels!r})",
+                             source=where)
+    return axes
 
 
 def upper_slope(keys, vals) -> float:
@@ -253,10 +310,15 @@ class MeasuredProvider(LatencyProvider):
         import yaml
 
         meta_path = self.root / "meta.yaml"
+        text = read_text_input(meta_path, "bundle metadata", "a YAML")
         try:
-            self.meta = safe_load(meta_path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"cannot read bundle metadata: {exc}", source=str(meta_path)) from None
+            self.meta = strict_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise InputError(f"malformed YAML ({yaml_problem(exc)})",
+                             source=str(meta_path)) from None
+        if not isinstance(self.meta, dict):
+            raise InputError(f"bundle metadata is a mapping of fields, got "
+                             f"{type(self.meta).__name__}", source=str(meta_path))
         self._build_dense(tp_dir, max_tokens, max_seqs)
         self._build_attention(tp_dir / "attention.csv")
         self._moe = self._build_moe(tp_dir) if self.model.is_moe else None
@@ -371,31 +433,36 @@ class MeasuredProvider(LatencyProvider):
     def _build_skew(self, tp: int):
         """The bundle's skew fit, when meta.yaml enables one for this tp: a per-bucket alpha
         table (tp<N>/skew_fit.csv) and its bucket edges, plus the pooled default alpha."""
-        fit = self.meta.get("skew_fit") or {}
+        where = str(self.root / "meta.yaml")
+        fit = _meta_mapping(self.meta, "skew_fit", where)
         if not fit.get("enabled"):
             return None
-        entry = (fit.get("per_tp") or {}).get(tp) or (fit.get("per_tp") or {}).get(str(tp))
+        per_tp = _meta_mapping(fit, "per_tp", where, "skew_fit.")
+        entry = per_tp.get(tp) or per_tp.get(str(tp))
         if not entry:
             return None
-        axes = fit.get("bucket_axes") or {}
-        needed = ("n_bins", "n_labels", "skew_rate_bins", "skew_rate_labels", "kv_big_bins",
-                  "kv_big_labels", "kp_bins", "kp_labels")
-        missing = [k for k in needed if k not in axes]
-        if missing:
-            raise InputError(f"skew_fit.bucket_axes is missing {missing}",
-                             source=str(self.root / "meta.yaml"))
+        entry = _meta_mapping(per_tp, tp if tp in per_tp else str(tp), where, "skew_fit.per_tp.")
+        axes = _skew_axes(_meta_mapping(fit, "bucket_axes", where, "skew_fit."), where)
         table: dict[tuple, float] = {}
         pcs: set[int] = set()
         rel = entry.get("bucket_table")
-        if rel:
+        if isinstance(rel, str) and rel:
             path = self.root / rel
             for r in _read_csv(path, ("pc", "alpha")):
                 pc = int(float(r["pc"]))
                 pcs.add(pc)
                 table[(pc, r["n_label"], r["skew_rate_label"], r["kv_big_label"],
                        r["kp_label"])] = float(r["alpha"])
+        default = entry.get("alpha_default", 0.0)
+        if isinstance(default, bool) or not isinstance(default, int | float) \
+                or not math.isfinite(default):
+            raise InputError(f"skew_fit.per_tp.{tp}.alpha_default must be a finite number, "
+                             f"got {default!r}", source=where)
+        if rel is not None and not isinstance(rel, str):
+            raise InputError(f"skew_fit.per_tp.{tp}.bucket_table must be a file name "
+                             f"(relative to the bundle folder), got {rel!r}", source=where)
         return {"axes": axes, "table": table, "pcs": sorted(pcs) or [0],
-                "default": float(entry.get("alpha_default", 0.0))}
+                "default": float(default)}
 
     @staticmethod
     def _label(bins, labels, v) -> str:

@@ -62,8 +62,11 @@ def test_budget_is_capped_at_the_configurations_that_pass_the_check(tmp_path):
 
 def test_all_rejected_space_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(study_mod, "MAX_REJECTED_IN_A_ROW", 15)
-    # an unbounded knob (no finite count of configurations), every draw over the budget
-    knobs = {"tp": [2, 4], "replicas": [4], "max_num_seqs": {"low": 8, "high": 256}}
+    # an unbounded knob (no finite count of configurations), every draw rejected: PD
+    # disaggregation with one instance (a space whose every draw is over the device budget
+    # is refused at load, tests/dse/test_dse_malformed_inputs.py)
+    knobs = {"tp": [2, 4], "replicas": [1], "pd": [True],
+             "max_num_seqs": {"low": 8, "high": 256}}
     path = write_space(tmp_path, knobs=knobs,
                        search={"sampler": "tpe", "n_trials": 5, "seed": 0})
     out = tmp_path / "out"

@@ -1,0 +1,577 @@
+"""Malformed input reaching ``llmsim`` (run, bench, compare), ``astra-sim`` and
+``experiments/validate_vllm.py`` through the files they read besides the cluster file: a
+model's HF ``config.json``, profile bundles (meta.yaml, CSVs), PIM ``.ini`` files, benchmark
+results, workload JSONL. Each case exits 2 with one line naming the file (and line, column
+or field) and what is allowed, never a traceback, and nothing is simulated first.
+
+Hypothesis mutates valid examples (drop a field, give it another type, truncate, insert
+garbage bytes) and asserts the contract: success or exit 2 with one line, never exit 1.
+Every table row was a traceback (exit 1) or a silent default before the fixes it names.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_testkit import cluster_dict, make_bundle
+
+import sim
+from sim.cli import main
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+REPO = Path(__file__).resolve().parents[2]
+# A Hugging Face config.json as LLMServingSim ships it (Qwen3-32B), written here so the
+# test does not need ../shared.
+HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
+      "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+      "max_position_embeddings": 40960, "tie_word_embeddings": False,
+      "torch_dtype": "bfloat16"}
+GOOD_PIM = """[dram_structure]
+protocol = HBM
+bankgroups = 4
+banks_per_group = 4
+rows = 32768
+columns = 64
+device_width = 128
+BL = 4
+
+[timing]
+tCK = 1.0
+CL = 14
+tRCD = 14
+tRP = 14
+
+[system]
+channel_size = 1024
+channels = 8
+bus_width = 128
+"""
+
+
+def _no_simulation(*a, **k):
+    raise AssertionError("sim.simulate was called: the input was not checked first")
+
+
+def assert_one_line(capsys, rc, prog, needles):
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory):
+    d = tmp_path_factory.mktemp("malformed")
+    (d / "w.jsonl").write_text('{"input_toks": 20, "output_toks": 3, "arrival_time_ns": 0}\n')
+    (d / "a_file").write_text("x")
+    make_bundle(d / "profiles")
+    (d / "c.json").write_text(json.dumps(cluster_dict(300)))
+    return d
+
+
+# ----------------------------------------------------------------- model config.json
+def _hf(**kw):
+    c = copy.deepcopy(HF)
+    for k, v in kw.items():
+        if v is ...:
+            c.pop(k)
+        else:
+            c[k] = v
+    return json.dumps(c).encode()
+
+
+# (id, the config.json's bytes, needles)
+MODEL_CASES = [
+    ("not-utf8", b"\xff\xfe{}", ["not UTF-8", "0xff"]),
+    ("top-level-list", b"[1, 2]", ["a JSON object", "list"]),
+    ("truncated", _hf()[:60], ["malformed JSON", "line 1 column"]),
+    ("nested-too-deeply", b"[" * 100000, ["nested too deeply"]),
+    ("duplicate-key", b'{"model_type": "qwen3", "model_type": "llama"}',
+     ["'model_type' appears twice"]),
+    ("model-type-a-list", _hf(model_type=["qwen3"]), ["unknown model_type", "qwen3, qwen3_moe"]),
+    ("hidden-size-a-string", _hf(hidden_size="abc"), ["'hidden_size'", "1..2147483647", "'abc'"]),
+    ("hidden-size-null", _hf(hidden_size=None), ["'hidden_size' is missing"]),
+    ("hidden-size-missing", _hf(hidden_size=...), ["'hidden_size' is missing"]),
+    ("hidden-size-fractional", _hf(hidden_size=5120.5), ["'hidden_size'", "5120.5"]),
+    ("hidden-size-huge", _hf(hidden_size=10**30), ["'hidden_size'", "1..2147483647"]),
+    ("heads-zero", _hf(num_attention_heads=0), ["'num_attention_heads'", "got 0"]),
+    ("heads-negative", _hf(num_attention_heads=-8), ["'num_attention_heads'", "got -8"]),
+    ("layers-zero", _hf(num_hidden_layers=0), ["'num_hidden_layers'", "got 0"]),
+    ("vocab-a-list", _hf(vocab_size=[1]), ["'vocab_size'", "[1]"]),
+    ("kv-heads-zero", _hf(num_key_value_heads=0), ["'num_key_value_heads'", "got 0"]),
+    ("kv-heads-not-dividing", _hf(num_key_value_heads=7), ["not a multiple", "=7"]),
+    ("head-dim-negative", _hf(head_dim=-1), ["'head_dim'", "got -1"]),
+    ("experts-a-string", _hf(num_experts="x"), ["'num_experts'", "'x'"]),
+    ("tie-a-string", _hf(tie_word_embeddings="no"), ["'tie_word_embeddings'", "true or false"]),
+    ("max-positions-negative", _hf(max_position_embeddings=-5),
+     ["'max_position_embeddings'", "got -5"]),
+    ("quant-groups-a-list", _hf(quantization_config={"quant_method": "compressed-tensors",
+                                                     "config_groups": [1]}),
+     ["quantization_config", "not modelled"]),
+    ("quant-weights-a-list", _hf(quantization_config={
+        "quant_method": "compressed-tensors", "config_groups": {"g": {"weights": [8]}}}),
+     ["quantization_config", "not modelled"]),
+    ("modelopt-quantization-a-string", _hf(quantization_config={
+        "quant_method": "modelopt", "quantization": "x"}), ["quantization_config"]),
+]
+
+
+@pytest.mark.parametrize("data,needles", [c[1:] for c in MODEL_CASES],
+                         ids=[c[0] for c in MODEL_CASES])
+def test_model_config_refused(d, data, needles, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(data)
+    c = cluster_dict(300, hardware="H100-SXM")
+    c["nodes"][0]["instances"][0]["model_name"] = str(cfg)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", [str(cfg), *needles])
+
+
+def test_good_model_config_still_loads(tmp_path):
+    (tmp_path / "config.json").write_bytes(_hf())
+    from sim.model import load_model
+
+    spec = load_model(str(tmp_path / "config.json"))
+    assert (spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim) == (64, 8, 128)
+    assert spec.tie_word_embeddings is False
+
+
+# ------------------------------------------------------------------- profile bundles
+def _edit(name, fn):
+    def m(v):
+        p = v / name
+        p.write_text(fn(p.read_text()))
+    return m
+
+
+def _raw(name, data):
+    return lambda v: (v / name).write_bytes(data)
+
+
+# (id, mutation of the bundle's variant folder, needles)
+BUNDLE_CASES = [
+    ("meta-not-utf8", _raw("meta.yaml", b"\xff\xfe: x"), ["meta.yaml", "not UTF-8"]),
+    ("meta-a-list", _raw("meta.yaml", b"- 1\n- 2\n"), ["meta.yaml", "a mapping", "list"]),
+    ("meta-tab", _raw("meta.yaml", b"hardware:\tX\n\tmodel: y\n"),
+     ["meta.yaml", "malformed YAML", "line 2, column 1"]),
+    ("meta-duplicate-key", _raw("meta.yaml", b"model: a\nmodel: b\n"),
+     ["meta.yaml", "'model' appears twice"]),
+    ("meta-skew-fit-a-number", _edit("meta.yaml", lambda t: t + "skew_fit: 7\n"),
+     ["meta.yaml", "'skew_fit' must be a mapping"]),
+    ("meta-skew-axes-bad", _edit("meta.yaml", lambda t: t + yaml.safe_dump({"skew_fit": {
+        "enabled": True, "per_tp": {1: {"alpha_default": 0.5}},
+        "bucket_axes": {f"{a}_{k}": [1] for a in ("n", "skew_rate", "kv_big", "kp")
+                        for k in ("bins", "labels")}}})),
+     ["meta.yaml", "n_bins must be increasing numbers"]),
+    ("dense-not-utf8", _raw("tp1/dense.csv", b"layer,tokens,time_us\n\xff,1,2\n"),
+     ["dense.csv", "not UTF-8"]),
+    ("dense-time-nan", _edit("tp1/dense.csv", lambda t: t.replace(",1.001\n", ",nan\n")),
+     ["dense.csv", "line 2", "'time_us'", "finite time >= 0"]),
+    ("dense-time-inf", _edit("tp1/dense.csv", lambda t: t.replace(",1.001\n", ",inf\n")),
+     ["dense.csv", "line 2", "'time_us'"]),
+    ("dense-time-negative", _edit("tp1/dense.csv", lambda t: t.replace(",1.001\n", ",-5\n")),
+     ["dense.csv", "line 2", "'time_us'", "'-5'"]),
+    ("dense-tokens-negative", _edit("tp1/dense.csv", lambda t: t.replace(
+        "\nembedding,1,", "\nembedding,-1,")), ["dense.csv", "'tokens'", "integer >= 0"]),
+    ("dense-tokens-fractional", _edit("tp1/dense.csv", lambda t: t.replace(
+        "\nembedding,1,", "\nembedding,1.5,")), ["dense.csv", "'tokens'", "'1.5'"]),
+    ("dense-tokens-1e300", _edit("tp1/dense.csv", lambda t: t.replace(
+        "\nembedding,1,", "\nembedding,1e300,")), ["dense.csv", "'tokens'"]),
+    ("dense-tokens-nan", _edit("tp1/dense.csv", lambda t: t.replace(
+        "\nembedding,1,", "\nembedding,nan,")), ["dense.csv", "'tokens'"]),
+    ("per-sequence-time-nan", _edit("tp1/per_sequence.csv", lambda t: t.replace(
+        "lm_head,1,2.01", "lm_head,1,nan")), ["per_sequence.csv", "'time_us'"]),
+    ("attention-time-nan", _edit("tp1/attention.csv", lambda t: t.replace(
+        "\n0,0,0,0,2.0\n", "\n0,0,0,0,nan\n")), ["attention.csv", "line 2", "'time_us'"]),
+    ("attention-time-negative", _edit("tp1/attention.csv", lambda t: t.replace(
+        "\n0,0,0,0,2.0\n", "\n0,0,0,0,-2.0\n")), ["attention.csv", "'time_us'"]),
+    ("attention-key-negative", _edit("tp1/attention.csv", lambda t: t.replace(
+        "\n0,0,0,0,2.0\n", "\n-5,0,0,0,2.0\n")), ["attention.csv", "'prefill_chunk'"]),
+]
+
+
+@pytest.mark.parametrize("mutate,needles", [c[1:] for c in BUNDLE_CASES],
+                         ids=[c[0] for c in BUNDLE_CASES])
+def test_profile_bundle_refused(d, mutate, needles, capsys, tmp_path):
+    # (bundles are read when the simulation builds its latency provider, before any step)
+    variant = make_bundle(tmp_path / "profiles")
+    mutate(variant)
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"), "--profiles", str(tmp_path / "profiles"),
+               "--latency-provider", "measured"])
+    assert_one_line(capsys, rc, "llmsim", needles)
+
+
+def test_good_bundle_still_runs(d, capsys, tmp_path):
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"), "--profiles", str(d / "profiles"),
+               "--latency-provider", "measured"])
+    assert rc == 0, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- PIM .ini
+PIM_CASES = [
+    ("not-utf8", b"\xff\xfe[system]\n", ["not UTF-8"]),
+    ("tck-nan", GOOD_PIM.replace("tCK = 1.0", "tCK = nan").encode(),
+     ["[timing] tCK", "finite number", "'nan'"]),
+    ("tck-inf", GOOD_PIM.replace("tCK = 1.0", "tCK = inf").encode(), ["[timing] tCK"]),
+    ("channels-inf", GOOD_PIM.replace("channels = 8", "channels = inf").encode(),
+     ["[system] channels", "an integer", "'inf'"]),
+    ("channels-1e400", GOOD_PIM.replace("channels = 8", "channels = 1e400").encode(),
+     ["[system] channels", "an integer"]),
+    ("channels-fractional", GOOD_PIM.replace("channels = 8", "channels = 1.5").encode(),
+     ["[system] channels", "'1.5'"]),
+    ("key-twice", GOOD_PIM.replace("[timing]\n", "[timing]\ntCK = 2\n").encode(),
+     ["malformed PIM config", "already exists"]),
+]
+
+
+@pytest.mark.parametrize("data,needles", [c[1:] for c in PIM_CASES],
+                         ids=[c[0] for c in PIM_CASES])
+def test_pim_config_refused(tmp_path, data, needles):
+    from sim.pim import load_pim
+
+    p = tmp_path / "dev.ini"
+    p.write_bytes(data)
+    with pytest.raises(sim.InputError) as exc:
+        load_pim(str(p))
+    msg = str(exc.value)
+    assert "\n" not in msg and str(p) in msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
+def test_good_pim_config_loads(tmp_path):
+    from sim.pim import load_pim
+
+    (tmp_path / "dev.ini").write_text(GOOD_PIM)
+    dev = load_pim(str(tmp_path / "dev.ini"))
+    assert (dev.channels, dev.tCK_ns) == (8, 1.0)
+
+
+# --------------------------------------------------------------------- llmsim compare
+_GOOD_RESULT = json.dumps({"mean_ttft_ms": 10.0, "request_throughput": 2.0, "completed": 5})
+
+
+def _req(**kw):
+    return json.dumps({"input_toks": 5, "output_toks": 3, "queued_ts": 0.0,
+                       "first_token_ts": 0.1, "last_token_ts": 0.2, **kw})
+
+
+COMPARE_CASES = [
+    ("not-utf8", b"\xff\xfe", ["not UTF-8"]),
+    ("nested-too-deeply", b"[" * 100000, ["nested too deeply"]),
+    ("metric-a-string", b'{"mean_ttft_ms": "x", "completed": 5}',
+     ["'mean_ttft_ms' must be a number", "'x'"]),
+    ("metric-a-bool", b'{"mean_ttft_ms": true, "completed": 5}',
+     ["'mean_ttft_ms' must be a number", "True"]),
+    ("jsonl-line-2-broken", (_req() + "\n{bad\n").encode(), ["line 2", "malformed JSON"]),
+    ("jsonl-bool-count", _req(output_toks=True).encode(), ["line 1", "output_toks"]),
+    ("jsonl-nan-timestamp", _req(first_token_ts=float("nan")).encode(),
+     ["line 1", "first_token_ts", "finite"]),
+    ("jsonl-negative-count", _req(output_toks=-5).encode(), ["line 1", "output_toks", ">= 0"]),
+    ("jsonl-huge-timestamp", _req(queued_ts=1e308).encode(), ["line 1", "queued_ts"]),
+    ("jsonl-huge-int", _req(output_toks=10**400).encode(), ["line 1", "output_toks"]),
+    ("jsonl-out-of-order", _req(first_token_ts=0.5).encode(),
+     ["line 1", "first_token_ts <= last_token_ts"]),
+]
+
+
+@pytest.mark.parametrize("data,needles", [c[1:] for c in COMPARE_CASES],
+                         ids=[c[0] for c in COMPARE_CASES])
+def test_compare_refuses(tmp_path, data, needles, capsys):
+    (tmp_path / "sim.json").write_text(_GOOD_RESULT)
+    (tmp_path / "real.json").write_bytes(data)
+    rc = main(["compare", str(tmp_path / "sim.json"), str(tmp_path / "real.json")])
+    assert_one_line(capsys, rc, "llmsim", ["real.json", *needles])
+
+
+def test_compare_good_jsonl_still_works(tmp_path, capsys):
+    (tmp_path / "sim.json").write_text(_GOOD_RESULT)
+    (tmp_path / "real.jsonl").write_text(_req() + "\n" + _req(last_token_ts=0.3) + "\n")
+    assert main(["compare", str(tmp_path / "sim.json"), str(tmp_path / "real.jsonl")]) == 0
+
+
+# ----------------------------------------------------------------------- llmsim bench
+_BENCH = ["bench", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "H100-SXM",
+          "--num-prompts", "3", "--random-input-len", "16", "--random-output-len", "4"]
+BENCH_CASES = [
+    ("burstiness-nan", ["--request-rate", "5", "--burstiness", "nan"],
+     ["--burstiness", "finite number > 0", "nan"]),
+    ("burstiness-inf", ["--request-rate", "5", "--burstiness", "inf"], ["--burstiness"]),
+    ("rate-overflows-the-clock", ["--request-rate", "1e-300"],
+     ["--request-rate 1e-300", "146 years"]),
+    ("seed-negative", ["--seed", "-1"], ["--seed", ">= 0"]),
+    ("output-len-past-int32", ["--random-output-len", str(2**63)],
+     ["--random-output-len", "1..2147483647"]),
+    ("profiles-missing", ["--profiles", "/nonexistent/profiles"], ["--profiles", "no such folder"]),
+    ("block-size-7", ["--block-size", "7"], ["block_size 7", "allowed"]),
+    ("budget-below-max-seqs", ["--max-num-batched-tokens", "8"],
+     ["max_num_batched_tokens (8)", "max_num_seqs (256)"]),
+    ("result-dir-is-a-file", lambda d: ["--save-result", "--result-dir", str(d / "a_file")],
+     ["--result-dir/--result-filename", "cannot write there"]),
+    ("result-file-is-a-folder", lambda d: ["--save-result", "--result-dir", str(d.parent),
+                                           "--result-filename", d.name],
+     ["--result-dir/--result-filename", "is a folder"]),
+    ("metric-percentiles-nan", ["--metric-percentiles", "nan"], ["--metric-percentiles"]),
+    ("percentile-metrics-unknown", ["--percentile-metrics", "foo"], ["foo", "ttft, tpot"]),
+    ("num-prompts-past-memory", ["--num-prompts", str(2**40)], ["out of memory"]),
+]
+
+
+@pytest.mark.parametrize("extra,needles", [c[1:] for c in BENCH_CASES],
+                         ids=[c[0] for c in BENCH_CASES])
+def test_bench_refuses_before_simulating(d, extra, needles, capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    rc = main([*_BENCH, *(extra(d) if callable(extra) else extra)])
+    assert_one_line(capsys, rc, "llmsim", needles)
+
+
+# ------------------------------------------------------------------- workload JSONL
+JSONL_CASES = [
+    ("duplicate-key", '{"input_toks": 20, "input_toks": 30, "output_toks": 3}\n',
+     [":1", "'input_toks' appears twice"]),
+    ("duplicate-key-in-a-turn", '{"sub_requests": [{"input_toks": 2, "output_toks": 1, '
+     '"output_toks": 5}]}\n', [":1", "'output_toks' appears twice"]),
+    ("huge-int", '{"input_toks": ' + "9" * 5000 + ', "output_toks": 3}\n',
+     [":1", "malformed JSON", "4300"]),
+]
+
+
+@pytest.mark.parametrize("text,needles", [c[1:] for c in JSONL_CASES],
+                         ids=[c[0] for c in JSONL_CASES])
+def test_jsonl_refused(d, text, needles, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    (tmp_path / "w.jsonl").write_text(text)
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(tmp_path / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["w.jsonl", *needles])
+
+
+# Valid lines in the shapes the project replays: a ShareGPT request with token ids, an
+# agentic session with tool calls, a flat request with a priority.
+_VALID_LINES = [
+    json.dumps({"input_toks": 4, "output_toks": 3, "arrival_time_ns": 1000,
+                "input_tok_ids": [1, 2, 3, 4], "output_tok_ids": [5, 6, 7]}),
+    json.dumps({"session_id": "s1", "arrival_time_ns": 5000, "sub_requests": [
+        {"input_toks": 8, "output_toks": 2, "tool_duration_ns": 100},
+        {"input_toks": 12, "output_toks": 4, "input_tok_ids": list(range(12))}]}),
+    json.dumps({"input_toks": 30, "output_toks": 5, "arrival_time_ns": 9000, "priority": 1}),
+]
+
+
+@st.composite
+def mangled_jsonl(draw):
+    """The valid lines, some mangled: a field dropped or given another type (in the
+    parsed object), or the text truncated or with garbage bytes inserted."""
+    lines = []
+    for line in draw(st.lists(st.sampled_from(_VALID_LINES), min_size=1, max_size=4)):
+        how = draw(st.sampled_from(["keep", "drop", "retype", "truncate", "garbage"]))
+        if how in ("drop", "retype"):
+            obj = json.loads(line)
+            target = obj["sub_requests"][draw(st.integers(0, 1))] \
+                if "sub_requests" in obj and draw(st.booleans()) else obj
+            key = draw(st.sampled_from(sorted(target)))
+            if how == "drop":
+                del target[key]
+            else:
+                target[key] = draw(st.none() | st.booleans() | st.text(max_size=4)
+                                   | st.floats() | st.integers(-2**70, 2**70)
+                                   | st.lists(st.integers(-3, 3), max_size=3))
+            lines.append(json.dumps(obj).encode())
+        elif how == "truncate":
+            lines.append(line.encode()[:draw(st.integers(0, len(line) - 1))])
+        elif how == "garbage":
+            at = draw(st.integers(0, len(line)))
+            lines.append(line.encode()[:at] + draw(st.binary(min_size=1, max_size=6))
+                         + line.encode()[at:])
+        else:
+            lines.append(line.encode())
+    return b"\n".join(lines) + b"\n"
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=mangled_jsonl())
+def test_fuzz_mangled_jsonl_exit_2_or_success(d, tmp_path, data, capsys):
+    p = tmp_path / "fuzz.jsonl"
+    p.write_bytes(data)
+    try:
+        workload = sim.load_jsonl(p)
+    except sim.InputError as exc:
+        assert "\n" not in str(exc) and str(p) in str(exc)
+        return
+    assert workload.num_requests >= 1
+
+
+@st.composite
+def mangled_hf_configs(draw):
+    cfg = copy.deepcopy(HF)
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(cfg) + ["num_experts", "quantization_config"]))
+        if draw(st.booleans()) and key in cfg:
+            del cfg[key]
+        else:
+            cfg[key] = draw(st.none() | st.booleans() | st.text(max_size=5) | st.floats()
+                            | st.integers(-2**70, 2**70)
+                            | st.dictionaries(st.sampled_from(["quant_method", "config_groups",
+                                                               "quantization", "weights"]),
+                                              st.text(max_size=4) | st.integers(), max_size=3)
+                            | st.lists(st.integers(), max_size=2))
+    text = json.dumps(cfg).encode()
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.binary(max_size=4)) + text[at + draw(st.integers(0, 3)):]
+    return text
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=mangled_hf_configs())
+def test_fuzz_mangled_model_config_exit_2_or_success(tmp_path, data):
+    from sim.model import from_hf_config
+
+    p = tmp_path / "config.json"
+    p.write_bytes(data)
+    try:
+        spec = from_hf_config(p)
+    except sim.InputError as exc:
+        assert "\n" not in str(exc) and str(p) in str(exc)
+        return
+    # what was accepted is usable: every size the formulas divide by is positive
+    assert spec.num_attention_heads % spec.num_key_value_heads == 0
+    assert spec.kv_bytes_per_token(1) > 0 and spec.weight_bytes(1) > 0
+
+
+@st.composite
+def mangled_csv(draw):
+    text = "layer,tokens,time_us\n" + "".join(
+        f"{layer},{t},{1 + t / 1000}\n" for layer in ("qkv_proj", "o_proj") for t in (1, 16, 64))
+    lines = text.splitlines()
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(lines) - 1))
+        cells = lines[i].split(",")
+        j = draw(st.integers(0, len(cells) - 1))
+        cells[j] = draw(st.sampled_from(["", "nan", "-1", "inf", "1e400", "x", "1.5", "\x00",
+                                         "0", "3", '"']))
+        lines[i] = ",".join(cells)
+    return ("\n".join(lines) + "\n").encode()
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=mangled_csv())
+def test_fuzz_profile_csv_is_checked_or_refused(tmp_path, data):
+    import math
+
+    from sim.latency.measured import _read_csv
+
+    p = tmp_path / "dense.csv"
+    p.write_bytes(data)
+    try:
+        rows = _read_csv(p, ("layer", "tokens", "time_us"))
+    except sim.InputError as exc:
+        assert "\n" not in str(exc) and str(p) in str(exc)
+        return
+    for r in rows:  # whatever is accepted is a usable grid point
+        assert math.isfinite(float(r["time_us"])) and float(r["time_us"]) >= 0
+        assert float(r["tokens"]).is_integer() and float(r["tokens"]) >= 0
+
+
+# ------------------------------------------------------------ experiments/validate_vllm
+def _validation_case(tmp_path, name, mutate):
+    src = SHARED / "validation" / "RTX4090-Llama-3.1-8B"
+    if not src.is_dir():
+        pytest.skip("needs ../shared/data/validation")
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    mutate(dst)
+    return dst
+
+
+VALIDATE_CASES = [
+    ("no-such-folder", lambda f: shutil.rmtree(f), ["no such folder"]),
+    ("meta-missing", lambda f: (f / "vllm" / "meta.json").unlink(), ["missing vllm/meta.json"]),
+    ("meta-malformed", lambda f: (f / "vllm" / "meta.json").write_text("{bad"),
+     ["meta.json", "malformed JSON"]),
+    ("meta-a-list", lambda f: (f / "vllm" / "meta.json").write_text("[1]"),
+     ["meta.json", "engine_kwargs.max_num_seqs"]),
+    ("requests-line-broken", lambda f: (f / "vllm" / "requests.jsonl").open("a").write("{x\n"),
+     ["requests.jsonl:", "malformed JSON"]),
+]
+
+
+@pytest.mark.parametrize("mutate,needles", [c[1:] for c in VALIDATE_CASES],
+                         ids=[c[0] for c in VALIDATE_CASES])
+def test_validate_vllm_refuses(tmp_path, mutate, needles, capsys, monkeypatch):
+    from experiments.validate_vllm import main as validate_main
+
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    folder = _validation_case(tmp_path, "case", mutate)
+    assert_one_line(capsys, validate_main([str(folder)]), "validate_vllm", needles)
+
+
+def test_validate_vllm_unknown_provider(capsys):
+    from experiments.validate_vllm import main as validate_main
+
+    rc = validate_main(["/nonexistent", "--latency-provider", "nope"])
+    assert_one_line(capsys, rc, "validate_vllm", ["--latency-provider", "'nope'", "roofline"])
+
+
+# ------------------------------------------------------------------ as subprocesses
+def test_subprocess_llmsim_compare_and_model_config(tmp_path):
+    """The real processes: exit 2, one line, no traceback (nothing left to an in-process
+    handler the console script does not have)."""
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe")
+    (tmp_path / "good.json").write_text(_GOOD_RESULT)
+    env_path = f"{REPO}:{REPO / 'astra-sim'}"
+    runs = [[sys.executable, "-m", "sim", "compare", str(tmp_path / "good.json"),
+             str(tmp_path / "bad.json")],
+            [sys.executable, str(REPO / "experiments" / "validate_vllm.py"),
+             str(tmp_path / "nope")]]
+    for cmd in runs:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
+                           env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, cwd=REPO)
+        assert p.returncode == 2, (cmd, p.stderr)
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+# --------------------------------------------------- cluster files
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_cluster_key_given_twice_is_refused(d, tmp_path, suffix, capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    c = cluster_dict(300, hardware="H100-SXM")
+    c["nodes"][0]["instances"][0]["max_num_seqs"] = 8
+    text = json.dumps(c) if suffix == ".json" else yaml.safe_dump(c, sort_keys=False)
+    text = text.replace('"max_num_seqs": 8', '"max_num_seqs": 8, "max_num_seqs": 64') \
+        .replace("max_num_seqs: 8\n", "max_num_seqs: 8\n    max_num_seqs: 64\n")
+    (tmp_path / f"c{suffix}").write_text(text)
+    rc = main(["run", "--cluster", str(tmp_path / f"c{suffix}"), "--dataset",
+               str(d / "w.jsonl"), "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["'max_num_seqs' appears twice"])
+
+
+def test_cluster_yaml_syntax_error_names_the_line(d, tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("num_nodes: 1\nnodes:\n\t- x\n")
+    rc = main(["run", "--cluster", str(tmp_path / "c.yaml"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["c.yaml", "line 3"])
