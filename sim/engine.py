@@ -737,14 +737,21 @@ class _Run:
         horizon = self._horizon(b1)
         if b1 is not None and b1[0] >= horizon:
             return False
-        plan = plan_leap(sch)
-        if plan is None:
-            return False
+        plan = plan_leap(sch, b1[3][0][1] if b1 is not None else None)
+        if plan is None or (plan.leaving and (self.clients > 0 or any(
+                sch.running[i].next_sub is not None for i in plan.leaving))):
+            return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
-        self._apply_leap(unit, idx, plan, durations, completions)
+        first = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
+        leaving = [sch.running[i] for i in plan.leaving]
+        self._apply_leap(unit, idx, plan, durations, completions, first)
+        if leaving:
+            self.remaining -= len(leaving)
+            if self.progress is not None:
+                self.progress.update(len(self.all_reqs) - self.remaining, completions[0])
         return True
 
     def _horizon(self, own_step) -> int:
@@ -763,7 +770,7 @@ class _Run:
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
         flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
-        n = len(inst.scheduler.running)
+        n = plan.num_stay
         durations: list[int] = []
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
@@ -771,13 +778,21 @@ class _Run:
         else:  # async: step j runs after the step in flight, completions start with it
             completions = [own_step[0]]
             t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
-        stretch = None
         timer = getattr(self.backend, "decode_stretch", None)
-        if timer is not None and limit > 1:
-            stretch = timer(inst, step_shape(plan, n, 0), limit)
+        if limit < 2:
+            timer = None
+        stretch, lo, chunk = None, 0, 16  # timed in chunks (16 steps, doubling)
         for j in range(limit):
+            if timer is not None:
+                if j == lo + (len(stretch.durations) if stretch is not None else 0):
+                    if stretch is not None:
+                        stretch.record(len(stretch.durations))
+                    lo, stretch = j, timer(inst, step_shape(plan, n, j), min(chunk, limit - j))
+                    chunk *= 2
+                    if stretch is None:
+                        timer = None
             if stretch is not None:
-                d = stretch.durations[j]
+                d = stretch.durations[j - lo]
             else:
                 d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
             d = d if d > 1 else 1
@@ -789,20 +804,25 @@ class _Run:
             completions.append(end)
             t = end
         if stretch is not None:
-            stretch.record(len(durations))
+            stretch.record(len(durations) - lo)
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int]) -> None:
+                    completions: list[int], in_flight) -> None:
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
         batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
         n = len(sch.running)
         usable = sch.kv.num_blocks
+        waiting = len(sch.waiting)
         for k, t in enumerate(completions):
-            free = plan.free0 - plan.pops_through[k]
-            self.series.record(t, 0, n, n, len(sch.waiting), (usable - free) / usable)
+            free = plan.free0 + plan.freed - plan.pops_through[k]  # (freed at the first)
+            if k == 0 and in_flight is not None:  # it may finish prompts
+                self.series.record(t, in_flight.prefill_tokens, in_flight.decode_tokens, n,
+                                   waiting, (usable - free) / usable)
+            else:
+                self.series.record(t, 0, n, n, waiting, (usable - free) / usable)
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:

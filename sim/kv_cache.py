@@ -144,12 +144,15 @@ class KVCacheManager:
         self.num_blocks = num_blocks - 1  # usable blocks (vLLM reserves a null block)
         self.enable_prefix_caching = enable_prefix_caching
         self.ref = [0] * self.num_blocks
-        #: hash of each cached block (absent: not cached)
-        self.block_hash: dict[int, int] = {}
-        #: where a cached block's hash chain lives: (that request's hash list, index)
+        #: hash of each cached block, by block id (None: not cached)
+        self.block_hash: list[int | None] = [None] * self.num_blocks
+        #: with a lower tier: where a cached block's hash chain lives (that request's hash
+        #: list, index), to insert its path there when it is evicted
         self.block_src: dict[int, tuple[list[int], int]] = {}
-        #: hash -> the cached blocks holding it, first cached first
-        self.cached: dict[int, dict[int, None]] = {}
+        #: hash -> the first cached block holding it (the one a lookup hits)
+        self.first: dict[int, int] = {}
+        #: hash -> the other cached blocks holding it, first cached first
+        self.dups: dict[int, dict[int, None]] = {}
         # LRU free queue of block ids (queue order = eviction order).
         self.free = FreeBlockQueue(self.num_blocks)
         self.hit_tokens = 0
@@ -191,13 +194,13 @@ class KVCacheManager:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         hashes = block_hashes(req, self.block_size, max_blocks)
-        cached = self.cached
+        first = self.first
         hit: list[int] = []
         for i in range(min(max_blocks, len(hashes))):
-            blocks = cached.get(hashes[i])
-            if blocks is None:
+            bid = first.get(hashes[i])
+            if bid is None:
                 break
-            hit.append(next(iter(blocks)))
+            hit.append(bid)
         return hit
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
@@ -208,20 +211,29 @@ class KVCacheManager:
         full = num_tokens // self.block_size
         if full <= start:
             return
-        hashes = block_hashes(req, self.block_size, full)
-        if len(hashes) < full:
-            full = len(hashes)
-        cached, bh, src, bids = self.cached, self.block_hash, self.block_src, req.block_ids
+        hashes = req.block_hashes
+        if hashes is None or len(hashes) < full:
+            hashes = block_hashes(req, self.block_size, full)
+            if len(hashes) < full:
+                full = len(hashes)
+        first, bh, bids = self.first, self.block_hash, req.block_ids
         for i in range(start, full):
             bid = bids[i]
             h = hashes[i]
             bh[bid] = h
-            src[bid] = (hashes, i)
-            blocks = cached.get(h)
-            if blocks is None:
-                cached[h] = {bid: None}
-            else:
-                blocks[bid] = None
+            f = first.get(h)
+            if f is None:
+                first[h] = bid
+            elif f != bid:
+                dups = self.dups.get(h)
+                if dups is None:
+                    self.dups[h] = {bid: None}
+                else:
+                    dups[bid] = None
+        if self.lower_tier is not None:
+            src = self.block_src
+            for i in range(start, full):
+                src[bids[i]] = (hashes, i)
         req.cached_hashes = full
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -229,19 +241,30 @@ class KVCacheManager:
         self.cache_blocks(req, min(req.num_computed, req.num_tokens))
 
     def _evict(self, bid: int) -> None:
-        h = self.block_hash.pop(bid, None)
+        h = self.block_hash[bid]
         if h is None:
             return
-        blocks = self.cached[h]
-        del blocks[bid]
-        if not blocks:
-            del self.cached[h]
+        self.block_hash[bid] = None
+        first = self.first
+        if first[h] == bid:
+            dups = self.dups.get(h)
+            if dups is None:
+                del first[h]
+            else:  # the next one cached takes its place
+                nxt = next(iter(dups))
+                first[h] = nxt
+                del dups[nxt]
+                if not dups:
+                    del self.dups[h]
+        else:
+            dups = self.dups[h]
+            del dups[bid]
+            if not dups:
+                del self.dups[h]
         if self.lower_tier is not None:
             # Evicted from the NPU: keep the block (and the path to it) in the lower tier.
             hashes, i = self.block_src.pop(bid)
             self.lower_tier.insert_path(hashes[:i + 1])
-        else:
-            del self.block_src[bid]
 
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
@@ -290,7 +313,7 @@ class KVCacheManager:
             popitem = free.recycled.popitem
             for _ in range(need):
                 bid, _ = popitem(last=False)
-                if bid in block_hash:
+                if block_hash[bid] is not None:
                     self._evict(bid)
                 ref[bid] = 1
                 append(bid)
@@ -299,6 +322,33 @@ class KVCacheManager:
             known = req.input_len + req.num_output
             if n > known:
                 n = known
+            if n // bs > (req.cached_hashes or 0):
+                self.cache_blocks(req, n)
+        return True
+
+    def grow_one(self, req: Request) -> bool:
+        """``allocate(req, 1)`` for a request without a prefix hit whose blocks hold its
+        computed tokens: room for one more token (a new block when its blocks are full)
+        and its full blocks cached; False if no block is free."""
+        bs = self.block_size
+        nc = req.num_computed + 1
+        bids = req.block_ids
+        if nc > len(bids) * bs:
+            free = self.free
+            bid = free.next_fresh
+            if bid < free.end:
+                free.next_fresh = bid + 1
+            elif free.recycled:
+                bid = free.recycled.popitem(last=False)[0]
+                if self.block_hash[bid] is not None:
+                    self._evict(bid)
+            else:
+                return False
+            self.ref[bid] = 1
+            bids.append(bid)
+        if self.enable_prefix_caching:
+            known = req.input_len + req.num_output
+            n = nc if nc < known else known
             if n // bs > (req.cached_hashes or 0):
                 self.cache_blocks(req, n)
         return True

@@ -22,14 +22,13 @@ leaping off, and ``tests/sim/test_sim_leap.py`` checks both give byte-identical 
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from itertools import accumulate, chain, islice
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
-from sim.request import RUNNING
+from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
 
@@ -44,6 +43,8 @@ class LeapPlan:
     #: per request: tokens computed and generated when the stretch starts
     computed0: list[int]
     output0: list[int]
+    #: per request: the step whose token starts its next block
+    firsts: list[int]
     #: blocks each step allocates, and their running total
     pops: list[int]
     pops_through: list[int]
@@ -58,79 +59,166 @@ class LeapPlan:
     #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
     #: queried tokens), or None when the head is not looked up
     head_lookup: tuple[int, int] | None
+    #: (async) indices of the requests whose step in flight is their last: not scheduled
+    #: again, they finish at the first completion, which frees ``freed`` blocks
+    leaving: list[int]
+    freed: int
+    #: the requests each step of the stretch decodes
+    num_stay: int
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
-    """Whether every running request is in steady decode: its next step computes one
-    token and samples one, and (async) its one step in flight is ``in_flight``, a pure
-    decode of the same requests in the same order."""
+    """Whether the scheduler may be in steady decode (the checks that do not look at each
+    request; ``plan_leap`` checks the requests): a plain instance, nothing to hand off or
+    receive, a budget for one token each, and (async) one step in flight, in which every
+    request samples a token (a decode, or the last chunk of its prompt: the stretch starts
+    while that step finishes prompts)."""
     running = sch.running
     if (not running or sch.role is not None or sch.receiving or sch.handoffs
             or sch.admitted_transfers or sch.budget < len(running)):
         return False
-    ph = 1 if sch.async_scheduling else 0
-    if ph:
-        if (in_flight is None or in_flight.prefill_tokens or len(in_flight.requests) != len(running)
-                or in_flight.decode_tokens != len(running) or not all(in_flight.samples)):
-            return False
-        for a, b in zip(in_flight.requests, running):
-            if a is not b:
-                return False
-    elif in_flight is not None:
-        return False
-    for r in running:
-        if (r.status != RUNNING or r.num_placeholders != ph or r.num_output < 1
-                or r.num_computed < r.input_len
-                or r.input_len + r.num_output + ph - r.num_computed != 1):
-            return False
-    return True
+    if sch.async_scheduling:
+        return (in_flight is not None and len(in_flight.requests) == len(running)
+                and all(in_flight.samples))
+    return in_flight is None
 
 
-def plan_leap(sch: Scheduler) -> LeapPlan | None:
-    """Bound a stretch of steady decode steps (``steady_decode`` must hold), or None."""
-    running = sch.running
-    kv = sch.kv
-    bs = kv.block_size
-    max_len = sch.max_model_len
-    computed0 = [r.num_computed for r in running]
-    output0 = [r.num_output for r in running]
-    # No completion in the stretch may finish a request (its output length or max_model_len).
-    max_completions = min(min(r.output_len - r.num_output, max_len - r.input_len - r.num_output)
-                          for r in running) - 1
-    if max_completions < 1:
+def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
+    """Bound a stretch of steady decode steps, or None where there is none
+    (``steady_decode`` must hold). One pass over the running requests checks that each
+    is in steady decode (its next step computes one token and samples one; async: its
+    one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
+    the completions before the first finish and the step at which each starts its next
+    block. (Async) a request whose step in flight is its last leaves at the first
+    completion (where nothing waits: its blocks freed could admit a request)."""
+    head_hit = _head_hit(sch)
+    if head_hit is False:
         return None
-    # Steps the running requests can take: block allocations counted against free blocks.
-    max_steps = max_completions + 1
-    pops = [0] * max_steps
-    for r, c0 in zip(running, computed0):
-        first = len(r.block_ids) * bs - c0  # the step whose token starts a new block
-        if first < 0:
+    running = sch.running
+    ph = 1 if sch.async_scheduling else 0
+    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
+    bs = sch.kv.block_size
+    room = sch.max_model_len
+    computed0: list[int] = []
+    output0: list[int] = []
+    firsts: list[int] = []
+    # No completion in the stretch may finish a request (its output length or max_model_len).
+    max_completions = 1 << 62
+    kv_max = kv_sum = kv_sq = 0
+    kv_min = 1 << 62
+    leaving: list[int] = []
+    for r, q in zip(running, in_flight.requests if ph else running):
+        c0 = r.num_computed
+        o0 = r.num_output
+        inp = r.input_len
+        if (q is not r or r.status != RUNNING or r.num_placeholders != ph or o0 < first
+                or c0 < inp or inp + o0 + ph - c0 != 1):
             return None
-        for j in range(first, max_steps, bs):
-            pops[j] += 1
-    pops_through = list(accumulate(pops))
-    free0 = kv.num_free
-    max_steps = min(max_steps, bisect_right(pops_through, free0))
+        computed0.append(c0)
+        output0.append(o0)
+        left = r.output_len - o0
+        if room - inp - o0 < left:
+            left = room - inp - o0
+        if left == 1 and ph:
+            leaving.append(len(firsts))
+            firsts.append(NEVER)
+            continue
+        if left < max_completions:
+            max_completions = left
+        kv_sum += c0
+        kv_sq += c0 * c0
+        if c0 > kv_max:
+            kv_max = c0
+        if c0 < kv_min:
+            kv_min = c0
+        firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
+    max_completions -= 1
+    if max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running):
+        return None
+    freed = _freed_blocks(sch, [running[i] for i in leaving])
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, len(freed))
     head_lookup = None
     waiting = sch.waiting
-    budget_left = sch.budget - len(running)
-    if max_steps and waiting and budget_left > 0 and len(running) < sch.max_num_seqs:
+    stay = len(running) - len(leaving)
+    budget_left = sch.budget - stay
+    free0 = sch.kv.num_free
+    if max_steps and waiting and budget_left > 0 and stay < sch.max_num_seqs:
         head = waiting[0]
-        if head.remote_kv:
-            return None
+        if head.remote_kv or len(running) >= sch.max_num_seqs:
+            return None  # (the leaving requests' seats free up for step 1)
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
-                                                        pops_through, free0, computed0, output0)
+                                                        pops_through, free0, computed0, output0,
+                                                        freed, head_hit)
     if max_steps < 1:
         return None
-    kv_sum0 = sum(computed0)
-    return LeapPlan(max_steps, max_completions, computed0, output0, pops, pops_through, free0,
-                    kv_sum0, max(computed0), min(computed0), sum(c * c for c in computed0),
-                    head_lookup)
+    return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
+                    free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
+                    stay)
+
+
+def _head_hit(sch: Scheduler):
+    """The waiting head's prefix hit where a step would look it up (None where it is not
+    looked up), or False where no stretch can start: it would be admitted even if every
+    running request took a block at step 0 (so the plan's pass is not needed)."""
+    waiting = sch.waiting
+    n = len(sch.running)
+    budget = sch.budget - n
+    if not waiting or budget <= 0 or n >= sch.max_num_seqs:
+        return None
+    head = waiting[0]
+    kv = sch.kv
+    looked_up = head.num_computed == 0 and kv.enable_prefix_caching
+    if head.remote_kv or (looked_up and kv.lower_tier is not None):
+        return False
+    hit = kv.lookup(head) if looked_up else []
+    if _head_admissible(sch, head, hit, kv.num_free - n, budget):
+        return False
+    return hit
+
+
+#: a first block step for requests that allocate none
+NEVER = 1 << 60
+
+
+def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
+    """Blocks that freeing these requests (in order, each one's last block first)
+    appends to the free queue: those no other request holds."""
+    if not leaving:
+        return []
+    ref = sch.kv.ref
+    left: dict[int, int] = {}
+    out = []
+    for r in leaving:
+        for b in reversed(r.block_ids):
+            k = left.get(b, ref[b]) - 1
+            left[b] = k
+            if k == 0:
+                out.append(b)
+    return out
+
+
+def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
+    """(blocks each step allocates, their running total, the steps the free blocks
+    allow): request i takes one at step firsts[i] and every block_size steps after;
+    ``freed`` blocks join the free ones after step 0."""
+    bs = sch.kv.block_size
+    pops = [0] * max_steps
+    for f in firsts:
+        if f < max_steps:
+            pops[f] += 1
+    for j in range(bs, max_steps):
+        pops[j] += pops[j - bs]
+    pops_through = list(accumulate(pops))
+    free = sch.kv.num_free
+    if pops_through[0] > free:
+        return pops, pops_through, 0
+    return pops, pops_through, min(max_steps, bisect_right(pops_through, free + freed))
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
                            pops_through: list[int], free0: int, computed0: list[int],
-                           output0: list[int]) -> tuple[int, tuple[int, int] | None]:
+                           output0: list[int], freed: list[int], hit: list[int] | None
+                           ) -> tuple[int, tuple[int, int] | None]:
     """Steps before the waiting head could be admitted, and what its lookup accounts.
 
     With no block holding one of its hashes cached anew, its prefix hit can only shrink
@@ -140,15 +228,21 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     admissible at step 0 -> no stretch. Without ``reserve_full_isl`` (a chunk needs
     fewer blocks once the hit is gone), or when the lookup's hit is accounted (a request
     never preempted), the stretch ends before the first step that evicts one of the
-    head's cached blocks."""
+    head's cached blocks. Blocks ``freed`` at the first completion join the free ones
+    once: the head is checked at step 1 too (its hit blocks among them counted as held,
+    which only makes it look more admissible)."""
     kv = sch.kv
     bs = kv.block_size
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
     if looked_up and kv.lower_tier is not None:
         return 0, None  # a lower-tier lookup reorders the tier's LRU: step it
-    hit = kv.lookup(head) if looked_up else []
+    if hit is None:
+        hit = kv.lookup(head) if looked_up else []
     if _head_admissible(sch, head, hit, free0 - pops_through[0], budget):
         return 0, None
+    if freed and max_steps > 1 and _head_admissible(
+            sch, head, hit, free0 + len(freed) - pops_through[1], budget):
+        max_steps = 1
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
@@ -157,8 +251,9 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     if watched:
         if accounted or not sch.reserve_full:
             block_hash = kv.block_hash
-            for k, bid in enumerate(islice(kv.free, pops_through[max_steps - 1])):
-                if block_hash.get(bid) in watched:
+            popped = islice(chain(kv.free, freed), pops_through[max_steps - 1])
+            for k, bid in enumerate(popped):
+                if block_hash[bid] in watched:
                     max_steps = min(max_steps, bisect_right(pops_through, k))
                     break
         if max_steps and _caches_watched(sch, watched, max_steps, computed0, output0):
@@ -238,33 +333,58 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
         hit_blocks, tokens = plan.head_lookup
         sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
         sch.kv.queried_tokens += steps * tokens
-    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
-        r.num_computed = c0 + steps
-        r.num_output = o0 + done
     if done:
-        _emit_tokens(running, completion_ns, itl_sink)
+        _emit_tokens(running, plan, steps, completion_ns, itl_sink)
+    else:
+        for r, c0 in zip(running, plan.computed0):
+            r.num_computed = c0 + steps
+    if plan.leaving:
+        gone = set(plan.leaving)
+        sch.running = running = [r for i, r in enumerate(running) if i not in gone]
     if steps == done and not sch.async_scheduling:
         return None
     n = len(running)
     return Batch(list(running), [1] * n, step_shape(plan, n, steps - 1), 0, n, 0, [True] * n)
 
 
-def _emit_tokens(running, completion_ns: list[int], itl_sink: list[int]) -> None:
-    """Each completion gives every request one token: its inter-token gaps in the order
-    ``Scheduler.complete`` appends them."""
+def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
+                 itl_sink: list[int]) -> None:
+    """Set each request's counters after ``steps`` steps and the completions; each
+    completion gives every request one token: its inter-token gaps in the order
+    ``Scheduler.complete`` appends them (a request without output gets its first token
+    at the first completion: no gap). The leaving ones finish at the first completion."""
+    done = len(completion_ns)
     first = completion_ns[0]
+    last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
+    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in plan.leaving]
     first_gaps = []
-    for r in running:
-        g = first - r.last_token_ns
-        first_gaps.append(g)
-        m = g if g > common_max else common_max
+    append = first_gaps.append
+    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
+        r.num_computed = c0 + steps
+        r.num_output = o0 + done
+        if o0:
+            g = first - r.last_token_ns
+            append(g)
+            m = g if g > common_max else common_max
+        else:
+            r.first_token_ns = first
+            m = common_max
         if m > r.itl_max_ns:
             r.itl_max_ns = m
-        r.last_token_ns = completion_ns[-1]
+        r.last_token_ns = last
+    for i, itl_max, last_token in before:
+        r = running[i]
+        r.num_computed = plan.computed0[i]
+        r.num_output = plan.output0[i] + 1
+        r.num_placeholders = 0
+        r.status = FINISHED
+        r.finish_ns = r.last_token_ns = first
+        g = first - last_token if plan.output0[i] else 0
+        r.itl_max_ns = g if g > itl_max else itl_max
     itl_sink.extend(first_gaps)
-    n = len(running)
+    n = plan.num_stay
     for g in gaps:
         itl_sink.extend([g] * n)
 
@@ -274,67 +394,93 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     a step that starts a block or fills one (allocate), and (async) a completion that
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
-    within a phase."""
+    within a phase, and (async) the leaving requests' blocks freed after the first
+    completion. Each candidate phase (``_candidates``) re-checks the exact condition."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
-    async_ = sch.async_scheduling
-    ph = 1 if async_ else 0
+    ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    events: list[tuple[int, int]] = []
-    for i, r in enumerate(running):
-        phase = _next_phase(r, plan.computed0[i], plan.output0[i], -1, bs, caching, async_)
-        events.append((phase, i))
-    heapq.heapify(events)
-    last_phase = max(2 * (steps - 1), 2 * done - 1)
+    n = len(running) + 1  # index len(running): the leaving requests' blocks freed
+    leaving = set(plan.leaving)
+    keys = _candidates(sch, plan, steps, done, n)
+    keys.sort()
+    computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
-    while events and events[0][0] <= last_phase:
-        phase, i = heapq.heappop(events)
+    prev = -1
+    for key in keys:
+        if key == prev:
+            continue
+        prev = key
+        phase, i = divmod(key, n)
+        if i == n - 1:
+            for i in plan.leaving:
+                kv.free_request(running[i])
+            continue
         r = running[i]
-        c0, o0 = plan.computed0[i], plan.output0[i]
         if phase % 2 == 0:
-            if phase // 2 < steps:
-                j = phase // 2
-                r.num_computed, r.num_output = c0 + j, o0 + j
-                nc = c0 + j + 1
-                known = r.input_len + r.num_output
-                if nc > len(r.block_ids) * bs or (caching and (
-                        nc if nc < known else known) // bs > (r.cached_hashes or 0)):
-                    if not kv.allocate(r, 1):
-                        raise RuntimeError("event leap: a planned block allocation failed")
-        elif (phase + 1) // 2 <= done:
+            j = phase // 2
+            c = r.num_computed = computed0[i] + j
+            o = r.num_output = output0[i] + j
+            known = r.input_len + o
+            if c >= len(r.block_ids) * bs or (caching and (
+                    c + 1 if c < known else known) // bs > (r.cached_hashes or 0)):
+                if not kv.grow_one(r):
+                    raise RuntimeError("event leap: a planned block allocation failed")
+        else:
             k = (phase + 1) // 2
-            r.num_computed, r.num_output = c0 + k, o0 + k
-            n = r.num_computed - ph
-            if n // bs > (r.cached_hashes or 0):
-                kv.cache_blocks(r, n)
-        nxt = _next_phase(r, c0, o0, phase, bs, caching, async_)
-        heapq.heappush(events, (nxt, i))
-    if free_before - kv.num_free != plan.pops_through[steps - 1]:
+            c = r.num_computed = computed0[i] + k
+            r.num_output = output0[i] + k
+            if i in leaving:  # not scheduled again: nothing in flight after this one
+                r.num_computed = computed0[i]
+                c = computed0[i] + ph
+            if (c - ph) // bs > (r.cached_hashes or 0):
+                kv.cache_blocks(r, c - ph)
+    if free_before - kv.num_free != plan.pops_through[steps - 1] - plan.freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _next_phase(r, c0: int, o0: int, after: int, bs: int, caching: bool, async_: bool) -> int:
-    """The first phase after ``after`` at which request ``r`` may leave the fast path
-    (a lower bound: the event re-checks the exact condition)."""
-    cached = r.cached_hashes or 0
-    # scheduling step j: nc = c0 + j + 1 tokens need blocks; min(nc, known) tokens cached
-    j = len(r.block_ids) * bs - c0
-    if caching:
-        base = min(c0 + 1, r.input_len + o0)  # min(nc, known) at j = 0; both grow by one
-        jc = (cached + 1) * bs - base
-        if jc < j:
-            j = jc
-    j_min = after // 2 + 1 if after >= 0 else 0
-    if j < j_min:
-        j = j_min
-    best = 2 * j
-    if async_ and caching:
-        # completion k (async): num_computed - placeholders = c0 + k - 1 tokens cached
-        k = (cached + 1) * bs - c0 + 1
-        k_min = (after + 1) // 2 + 1 if after >= 0 else 1
-        if k < k_min:
-            k = k_min
-        if 2 * k - 1 < best:
-            best = 2 * k - 1
-    return best
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+    """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
+    superset of where it does. Its allocations are exact (one block every ``block_size``
+    steps from ``plan.firsts``); a block fills when the tokens to cache cross a multiple
+    of the block size, or at once when its cache lags at the start. A leaving request
+    has only the first completion, after which its blocks are freed (index n - 1)."""
+    bs = sch.kv.block_size
+    period = 2 * bs * n
+    sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
+    keys: list[int] = []
+    extend = keys.extend
+    for i, f in enumerate(plan.firsts):
+        if f < steps:
+            extend(range(2 * f * n + i, sched_end, period))
+    if plan.leaving:
+        keys.append(2 * n - 1)
+    if not sch.kv.enable_prefix_caching:
+        return keys
+    async_ = sch.async_scheduling
+    done_end = (2 * done - 1) * n + n
+    leaving = set(plan.leaving)
+    for i, r in enumerate(sch.running):
+        if i in leaving:
+            keys.append(n + i)
+            continue
+        c0 = plan.computed0[i]
+        cached = r.cached_hashes or 0
+        # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
+        base = min(c0 + 1, r.input_len + plan.output0[i])
+        j = (cached + 1) * bs - base
+        if j < steps:
+            if j <= 0:
+                keys.append(i)
+                j = (-base) % bs or bs
+            extend(range(2 * j * n + i, sched_end, period))
+        if async_ and done:
+            # completion k caches c0 + k - 1 tokens
+            k = (cached + 1) * bs - c0 + 1
+            if k <= done:
+                if k <= 1:
+                    keys.append(n + i)
+                    k = 1 + ((-c0) % bs or bs)
+                extend(range((2 * k - 1) * n + i, done_end, period))
+    return keys

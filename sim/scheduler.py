@@ -333,25 +333,25 @@ class Scheduler:
         tier_bytes = self._schedule_waiting(now, reqs, news, budget) if not preempted else 0
         if not reqs:
             return None
-        # vLLM's _update_after_schedule: progress advances now.
-        samples = []
-        async_ = self.async_scheduling
-        for req, n in zip(reqs, news):
-            req.num_computed += n
-            s = req.num_computed >= req.input_len + req.num_output + req.num_placeholders
-            samples.append(s)
-            if s and async_:
-                req.num_placeholders += 1
-        return self._make_batch(reqs, news, samples, tier_bytes)
+        return self._make_batch(reqs, news, self.async_scheduling, tier_bytes)
 
     @staticmethod
-    def _make_batch(reqs: list[Request], news: list[int], samples: list[bool],
+    def _make_batch(reqs: list[Request], news: list[int], async_: bool,
                     tier_bytes: int) -> Batch:
+        """vLLM's _update_after_schedule (progress advances now; a step that reaches the
+        end of the sequence samples a token, async: a placeholder until it completes) and
+        the step's shape, in one pass."""
+        samples = []
         prefill_tokens = prefill_kv = n_dec = kv_sum = kv_sq = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
-            k = req.num_computed - n  # tokens already in cache when the step runs
+            k = req.num_computed  # tokens already in cache when the step runs
+            req.num_computed = k + n
+            s = k + n >= req.input_len + req.num_output + req.num_placeholders
+            samples.append(s)
+            if s and async_:
+                req.num_placeholders += 1
             if n == 1 and k >= req.input_len:
                 n_dec += 1
                 kv_sum += k

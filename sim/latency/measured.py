@@ -518,6 +518,30 @@ class MeasuredProvider(LatencyProvider):
         return vals[lo] + t * (vals[hi] - vals[lo])
 
     @staticmethod
+    def _line_many(axis: _Axis, vals: list[float], qs: range, slope: float) -> list[float]:
+        """``_line`` at each of the increasing ``qs``: the same float operations, with the
+        bracket found by walking the axis instead of bisecting for each."""
+        keys = axis.vals
+        n = axis.n
+        top = keys[-1]
+        out: list[float] = []
+        append = out.append
+        i = bisect.bisect_right(keys, qs[0]) if qs else 0
+        for q in qs:
+            if q > top:
+                append(vals[-1] + slope * (q - top))
+                continue
+            if n == 1 or q <= keys[0]:
+                append(vals[0] + 0.0 * (vals[0] - vals[0]))
+                continue
+            while i < n and keys[i] <= q:
+                i += 1
+            lo = i - 1 if i < n else n - 2
+            t = (q - keys[lo]) / (keys[lo + 1] - keys[lo])
+            append(vals[lo] + t * (vals[lo + 1] - vals[lo]))
+        return out
+
+    @staticmethod
     def _beyond(axis: _Axis, at, q: float) -> float:
         """Past the top of ``axis``: the top value plus the upper-half slope of the values
         ``at(i)`` at the axis points (monotone in ``q``)."""
@@ -744,18 +768,18 @@ class MeasuredProvider(LatencyProvider):
         lo, hi, t, ex = kp_axis.bracket(0)
         if ex:
             return None
-        line = self._line
+        line_many = self._line_many
         kd_axis, vals, slope = rows[lo]
         top = kd_axis.vals[-1]
         if kds[-1] > top:
             for j, q in enumerate(kds):
                 if q > top:
                     notes[j] += 1
-        v_lo = [line(kd_axis, vals, q, slope) for q in kds]
+        v_lo = line_many(kd_axis, vals, kds, slope)
         if lo == hi:
             return v_lo
         kd_axis, vals, slope = rows[hi]
-        return [a + t * (line(kd_axis, vals, q, slope) - a) for a, q in zip(v_lo, kds)]
+        return [a + t * (b - a) for a, b in zip(v_lo, line_many(kd_axis, vals, kds, slope))]
 
     def _skew_alpha_many(self, shape: BatchShape, kv_mean: int, steps: int) -> list[float]:
         """``_skew_alpha`` along a stretch: every bucket but the longest KV's is fixed
