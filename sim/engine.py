@@ -624,6 +624,13 @@ class _Run:
             for idx in members:
                 inst = self.instances[idx]
                 batch = inst.scheduler.schedule(now)
+                while batch is None and inst.scheduler.preempted_last and not inflight_count[unit]:
+                    # Its preemptions left the step empty (the request being scheduled
+                    # was itself the lowest priority victim). vLLM's engine executes the
+                    # empty step at once and schedules again with the freed blocks; with
+                    # a step in flight it waits for that step instead (its completion
+                    # wakes this unit).
+                    batch = inst.scheduler.schedule(now)
                 if inst.scheduler.admitted_transfers:
                     self._start_transfers(idx, inst)
                 if batch is not None:
