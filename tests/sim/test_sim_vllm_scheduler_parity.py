@@ -252,7 +252,7 @@ class SimSide:
         return sorted(r.rid for r in fin)
 
 
-def run_case(case: Case, tmp_dir: str, max_iters: int = 1500) -> None:
+def run_case(case: Case, tmp_dir: str, max_iters: int = 1500) -> tuple[int, int, list]:
     v, s = VllmSide(case, tmp_dir), SimSide(case)
     queue_size = case.pp if case.pp > 1 else (2 if case.async_sched else 1)
     qv: deque = deque()
@@ -289,7 +289,7 @@ def run_case(case: Case, tmp_dir: str, max_iters: int = 1500) -> None:
     # run stops at max_iters with both sides still agreeing.
     assert s.unfinished == v.s.get_num_unfinished_requests()
     assert (s.kv.queried_tokens, s.kv.hit_tokens) == (v.queries, v.hits)
-    return s.kv.queried_tokens, s.kv.hit_tokens
+    return s.kv.queried_tokens, s.kv.hit_tokens, steps
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +302,61 @@ def model_dir(tmp_path_factory) -> str:
 @given(case=cases())
 def test_sim_scheduler_matches_vllm_step_by_step(case, model_dir):
     run_case(case, model_dir)
+
+
+def test_priority_self_preemption_empties_the_step_then_the_others_run(model_dir):
+    """Priority policy, a pool of 5 usable blocks of 4: request 0 (priority 2, first in
+    the running order) needs a new block, preempts itself as the lowest-priority request
+    and stops the running loop, and the step preempted something so nobody is admitted:
+    the step is empty. vLLM then schedules again: request 1 (priority 0) decodes in the
+    freed pool while request 0 waits (it no longer fits)."""
+    reqs = [(0, [1], [2] * 12, 2), (1, [3, 5, 7, 9], [4] * 12, 0)]
+    case = Case(4, 6, 8, 64, False, 0, False, False, False, 1, True, MAX_MODEL_LEN, reqs)
+    *_, steps = run_case(case, model_dir)
+    k = next(i for i, (got, preempted, _) in enumerate(steps) if not got and preempted)
+    assert steps[k][1] == [0]
+    assert [rid for rid, _, _ in steps[k + 1][0]] == [1] and not steps[k + 1][1]
+
+
+def test_engine_matches_vllm_through_a_self_preempting_empty_step(model_dir, bundle_root,
+                                                                  monkeypatch):
+    """The whole engine (not only the scheduler) on the case hypothesis found stalling
+    (test_sim_stall): priority policy, no chunked prefill, 190 blocks of 4. Each request
+    reaches vLLM's scheduler at the step where the engine first read it; every step the
+    engine schedules, the empty one and the one right after it included, must be
+    vLLM's."""
+    import sim
+    from sim_testkit import cluster_dict, opts_for
+    from test_sim_stall import ARRIVALS, SPECS, _workload
+
+    calls: list = []
+    read_at: dict[int, int] = {}
+    original = SimScheduler.schedule
+
+    def recording(self, now):
+        for r in self.unread:
+            read_at.setdefault(r.rid, len(calls))
+        b = original(self, now)
+        calls.append(([] if b is None else [(r.rid, r.num_computed - n, n)
+                                            for r, n in zip(b.requests, b.num_new)],
+                      sorted(r.rid for r in self.preempted_last), self.kv.num_free))
+        return b
+
+    monkeypatch.setattr(SimScheduler, "schedule", recording)
+    opts = opts_for(bundle_root, async_scheduling=False, enable_prefix_caching=False,
+                    enable_chunked_prefill=False, scheduling_policy="priority",
+                    max_num_batched_tokens=2048, block_size=4, event_leaping=False)
+    sim.simulate(sim.parse_cluster(cluster_dict(191, 1, 4)), _workload(SPECS, ARRIVALS), opts)
+    monkeypatch.undo()
+    rng = random.Random(0)
+    reqs = [(read_at[i], [rng.randrange(VOCAB) for _ in range(n_in)],
+             [rng.randrange(VOCAB) for _ in range(n_out)], prio)
+            for i, ((n_in, n_out), (_, prio)) in enumerate(zip(SPECS, ARRIVALS))]
+    case = Case(4, 191, opts.max_num_seqs, 2048, False, 0, False, False, False, 1, True,
+                MAX_MODEL_LEN, reqs)
+    *_, steps = run_case(case, model_dir)
+    assert any(not got and preempted for got, preempted, _ in steps)
+    assert calls == steps
 
 
 REPLAY = shared_data_root() / "workloads" / "sharegpt-llama-3.1-8b-300-sps10.jsonl"
@@ -318,5 +373,5 @@ def test_sim_scheduler_matches_vllm_on_the_rtx4090_replay(async_sched, model_dir
     reqs = sorted(((int(r["arrival_time_ns"] // 35_000_000), r["input_tok_ids"],
                     r["output_tok_ids"], 0) for r in rows[:300]), key=lambda r: r[0])
     case = Case(16, 2588, 256, 2048, True, 0, True, False, async_sched, 1, False, 32768, reqs)
-    queried, hits = run_case(case, model_dir, max_iters=100_000)
+    queried, hits, _ = run_case(case, model_dir, max_iters=100_000)
     assert queried > 1_000_000 and hits > 0
