@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import InputError
-from sim.options import DEFAULT_MEM_UTIL, add_cli_flags
+from sim.options import DEFAULT_MEM_UTIL, add_cli_flags, check_engine_flags
 from sim.request import Request
 from sim.workload import Workload, load_jsonl
 
@@ -315,17 +315,7 @@ def _result_path(args) -> Path:
 def _check_result_flags(args) -> None:
     """The flags only read after the simulation, checked before it: the metrics and
     percentiles, and (with --save-result) that the result file can be written."""
-    from sim.options import vllm_refusal
-
-    if args.seed < 0:
-        raise InputError(f"--seed must be >= 0, got {args.seed}")
-    for d in args.profiles:
-        if not Path(d).is_dir():
-            raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
-                             "<HW>/<org>/<model>/<variant>/)")
-    why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
-    if why:
-        raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
+    check_engine_flags(args)
     bad = [m.strip() for m in args.percentile_metrics.split(",")
            if m.strip() and m.strip() not in METRIC_LABELS]
     if bad:

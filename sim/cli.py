@@ -44,7 +44,7 @@ def _add_run(sub) -> None:
 
 def _check_run_flags(args) -> None:
     """Flags checked before any file is read or anything simulated."""
-    from sim.options import vllm_refusal
+    from sim.options import check_engine_flags
 
     if args.num_reqs is not None and args.num_reqs < 1:
         raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
@@ -52,15 +52,7 @@ def _check_run_flags(args) -> None:
     if not math.isfinite(iv) or iv * 1e9 < 1:
         raise InputError(f"--timeseries-interval-s must be a positive number of seconds "
                          f"(>= 1e-9), got {iv}")
-    if args.seed < 0:
-        raise InputError(f"--seed must be >= 0, got {args.seed}")
-    for d in args.profiles:
-        if not Path(d).is_dir():
-            raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
-                             "<HW>/<org>/<model>/<variant>/)")
-    why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
-    if why:
-        raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
+    check_engine_flags(args)
     out = check_output_file(args.output, "--output")
     if args.summary:
         check_output_file(args.summary, "--summary")

@@ -471,3 +471,19 @@ def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int
                 f"({max_num_seqs}), as vLLM requires")
     return None
 
+
+
+def check_engine_flags(args) -> None:
+    """The checks ``llmsim run`` and ``llmsim bench`` share on their engine flags, before
+    anything is simulated: the seed, the profile folders, and what vLLM would refuse."""
+    from pathlib import Path
+
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    for d in args.profiles:
+        if not Path(d).is_dir():
+            raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
+                             "<HW>/<org>/<model>/<variant>/)")
+    why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
+    if why:
+        raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
