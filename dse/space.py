@@ -416,15 +416,12 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a search-space YAML file."""
     path = Path(path)
     text = read_text_input(path, "a search space", "a YAML")
-    from sim.yamlio import strict_load
+    from sim.yamlio import strict_load, yaml_problem
 
     try:
         data = strict_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["?"])[0]
-        raise InputError(f"{path}: YAML syntax error{at}: {problem}") from None
+        raise InputError(f"{path}: YAML syntax error: {yaml_problem(exc)}") from None
     except RecursionError:
         raise InputError(f"{path}: YAML nested too deeply") from None
     except ValueError as exc:  # an integer of more than 4300 digits

@@ -744,7 +744,8 @@ class _Run:
         horizon = self._horizon(b1)
         if b1 is not None and b1[0] >= horizon:
             return False
-        plan = plan_leap(sch, b1[3][0][1] if b1 is not None else None)
+        in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
+        plan = plan_leap(sch, in_flight)
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
@@ -752,9 +753,8 @@ class _Run:
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
-        first = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
         leaving = [sch.running[i] for i in plan.leaving]
-        self._apply_leap(unit, idx, plan, durations, completions, first)
+        self._apply_leap(unit, idx, plan, durations, completions, in_flight)
         if leaving:
             self.remaining -= len(leaving)
             if self.progress is not None:
