@@ -266,6 +266,45 @@ def test_good_pim_config_loads(tmp_path):
     assert (dev.channels, dev.tCK_ns) == (8, 1.0)
 
 
+# LLMServingSim reads cpu_mem.pim_config only with attention offloading on
+# (inference_serving/config_builder.py builds its PIMModel in that branch), so the .ini is
+# parsed only then; but a name that is no file and no known device is a mistake whatever the
+# flags: refused at load (it was accepted silently without --enable-attn-offloading).
+PIM_NAME_CASES = [
+    ("missing-path", lambda t: str(t / "nope" / "dev.ini"), ["no such file", "DDR4_8GB_3200_pim"]),
+    ("a-folder", lambda t: str(t / "adir.ini"), ["is a folder"]),
+    ("unknown-name", lambda t: "NoSuchPIM", ["unknown PIM config 'NoSuchPIM'", "HBM2_1GB"]),
+]
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["offload-off", "offload-on"])
+@pytest.mark.parametrize("name,needles", [c[1:] for c in PIM_NAME_CASES],
+                         ids=[c[0] for c in PIM_NAME_CASES])
+def test_pim_config_naming_no_file_refused_at_load(d, tmp_path, name, needles, offload,
+                                                     capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    (tmp_path / "adir.ini").mkdir()
+    c = cluster_dict(300)
+    c["nodes"][0]["cpu_mem"]["pim_config"] = name(tmp_path)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"),
+               *(["--enable-attn-offloading"] if offload else [])])
+    assert_one_line(capsys, rc, "llmsim", [str(tmp_path / "c.json"),
+                                           "nodes[0].cpu_mem.pim_config", *needles])
+
+
+def test_pim_config_by_name_or_path_still_loads(tmp_path):
+    from sim.cluster import load_cluster
+
+    (tmp_path / "dev.ini").write_text(GOOD_PIM)
+    for name in ("DDR4_8GB_3200_pim", str(tmp_path / "dev.ini")):
+        c = cluster_dict(300)
+        c["nodes"][0]["cpu_mem"]["pim_config"] = name
+        (tmp_path / "c.json").write_text(json.dumps(c))
+        assert load_cluster(tmp_path / "c.json").nodes[0].pim_config == name
+
+
 # --------------------------------------------------------------------- llmsim compare
 _GOOD_RESULT = json.dumps({"mean_ttft_ms": 10.0, "request_throughput": 2.0, "completed": 5})
 
