@@ -52,6 +52,7 @@ def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
         o.validate()
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
+        model.check_pp(inst.pp_size, source=where)
         memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
                       dp_group_size(cluster, inst))
 

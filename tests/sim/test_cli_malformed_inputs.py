@@ -372,6 +372,17 @@ BENCH_CASES = [
     ("metric-percentiles-nan", ["--metric-percentiles", "nan"], ["--metric-percentiles"]),
     ("percentile-metrics-unknown", ["--percentile-metrics", "foo"], ["foo", "ttft, tpot"]),
     ("num-prompts-past-memory", ["--num-prompts", str(2**40)], ["out of memory"]),
+    # parallelism past what one node of the hardware holds (-dp 100000 built 100,000
+    # instances for minutes, -pp past the layers simulated stages without a layer)
+    ("dp-past-the-node", ["-dp", "100000"],
+     ["--data-parallel-size 100000", "100000 devices", "H100-SXM node holds 8",
+      "dp x tp x pp <= 8"]),
+    ("dp-tp-pp-past-the-node", ["-dp", "2", "-tp", "4", "-pp", "2"],
+     ["16 devices", "holds 8"]),
+    ("tp-huge", ["-tp", "100000"],
+     ["--tensor-parallel-size=100000", "num_attention_heads=32", "1, 2, 4, 8, 16, 32"]),
+    ("pp-huge", ["-pp", "100000"], ["--pipeline-parallel-size=100000", "allowed: 1..32"]),
+    ("pp-past-the-layers", ["-pp", "33"], ["--pipeline-parallel-size=33", "num_hidden_layers=32"]),
 ]
 
 
@@ -381,6 +392,60 @@ def test_bench_refuses_before_simulating(d, extra, needles, capsys, monkeypatch)
     monkeypatch.setattr(sim, "simulate", _no_simulation)
     rc = main([*_BENCH, *(extra(d) if callable(extra) else extra)])
     assert_one_line(capsys, rc, "llmsim", needles)
+
+
+def test_bench_parallelism_refused_in_a_blink(capsys):
+    """The bound is checked before any instance is built: -dp 100000 took minutes."""
+    import time
+
+    t0 = time.perf_counter()
+    rc = main([*_BENCH, "-dp", "100000", "-tp", "100000", "-pp", "100000"])
+    assert time.perf_counter() - t0 < 5
+    assert_one_line(capsys, rc, "llmsim", ["--tensor-parallel-size=100000"])
+
+
+@pytest.mark.parametrize("per_node,needles", [
+    (None, ["holds 8", "the default; the hardware spec gives no devices_per_node"]),
+    (4, ["holds 4", "the catalogue's devices_per_node"]),
+])
+def test_bench_devices_per_node_of_the_spec(per_node, needles):
+    """A hardware spec without devices_per_node gets 8 and the message says so; with it,
+    its value."""
+    import argparse
+    from dataclasses import replace
+
+    from sim.bench import _check_parallel_sizes
+    from sim.hardware import load_hardware
+
+    hw = replace(load_hardware("H100-SXM"), devices_per_node=per_node)
+    args = argparse.Namespace(model="meta-llama/Llama-3.1-8B")
+    _check_parallel_sizes(hw, args, 2, 2, per_node // 4 if per_node else 2)  # fits
+    with pytest.raises(sim.InputError) as exc:
+        _check_parallel_sizes(hw, args, 1, 1, 9)
+    for n in ["= 9 devices", *needles]:
+        assert n in str(exc.value)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8", 1 << 21])
+def test_hardware_devices_per_node_refused(bad):
+    from sim.hardware import _from_mapping
+
+    spec = {"name": "G", "peak_tflops": {"bf16": 100.0}, "mem_size_GiB": 80,
+            "mem_bw_GBps": 2000, "link_bw_GBps": 100, "link_latency_ns": 500,
+            "power_idle_W": 50, "power_tdp_W": 500, "devices_per_node": bad}
+    with pytest.raises(sim.InputError, match="g.yaml: field 'devices_per_node' must be an "
+                       "integer in 1..1048576"):
+        _from_mapping(spec, "g.yaml")
+
+
+def test_run_refuses_more_pipeline_stages_than_layers(d, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    c = cluster_dict(300, hardware="H100-SXM", pp_size=33)
+    c["nodes"][0]["instances"][0]["num_npus"] = 33
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["c.json", "pp_size=33", "num_hidden_layers=32"])
 
 
 # ------------------------------------------------------------------- workload JSONL
