@@ -368,6 +368,8 @@ def run_bench(args) -> tuple[dict, str]:
     workload = bench_workload(args)
     opts = SimOptions(seed=args.seed, latency_provider=args.latency_provider,
                       profiles_dirs=tuple(args.profiles))
+    from sim.validate import check_workload
+    check_workload(workload, cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     res = bench_metrics(result, args)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]

@@ -90,6 +90,8 @@ def _run(args) -> int:
     opts = options_from_args(args, progress=sys.stderr.isatty())
     _check_instance_limits(cluster, opts)
     sim.validate_cluster(cluster, opts)
+    from sim.validate import check_workload
+    check_workload(workload, cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     out = Path(args.output)
     summary = args.summary or str(out.with_suffix("")) + ".summary.json"

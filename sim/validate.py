@@ -170,3 +170,49 @@ def dp_group_size(cluster: ClusterConfig, inst: InstanceConfig) -> int:
     if inst.dp_group is None:
         return 1
     return sum(1 for i in cluster.instances if str(i.dp_group) == str(inst.dp_group))
+
+
+#: time-series rows a run may have (one per ``timeseries_interval_ns`` of simulated time,
+#: idle stretches included): 10 million is 116 days at the default 1 s, ~2 GB to build;
+#: a request at 2**62 ns would have taken hours
+MAX_SERIES_BUCKETS = 10_000_000
+
+
+def check_workload(workload, cluster: ClusterConfig, opts: SimOptions) -> None:
+    """Refuse a workload this cluster cannot replay, before anything is built: arrivals
+    (with a session's tool pauses) so late that the time series would not fit, or token
+    ids past the model's vocabulary (vLLM refuses such a prompt: "Token id ... is out of
+    vocabulary"). Closed-loop workloads ignore their arrival times."""
+    if not workload.closed_loop_clients or workload.paced:
+        check_span(workload, opts.timeseries_interval_ns)
+    vocab, name = min((instance_model(i, opts.for_instance(i.overrides)).vocab_size,
+                       i.model_name) for i in cluster.instances)
+    check_token_ids(workload, vocab, name)
+
+
+def check_token_ids(workload, vocab: int, model_name: str) -> None:
+    """Every token id of the workload inside ``vocab``."""
+    for r in workload.all_requests():
+        for key, ids in (("input_tok_ids", r.input_ids), ("output_tok_ids", r.output_ids)):
+            if ids is not None and len(ids) and max(ids) >= vocab:
+                raise InputError(f"{workload.source}: request {r.rid}: {key} holds token id "
+                                 f"{max(ids)}, out of the vocabulary of {model_name} "
+                                 f"(vocab_size={vocab}); allowed: 0..{vocab - 1}")
+
+
+def check_span(workload, interval: int) -> None:
+    """The latest start (arrival plus a session's tool pauses) within the time series'
+    :data:`MAX_SERIES_BUCKETS` rows of ``interval`` ns."""
+    src = workload.source
+    for first in workload.requests:
+        t, r = first.arrival_ns, first.next_sub
+        while r is not None:  # a later turn starts at least its tool pause after
+            t, r = t + r.tool_ns, r.next_sub
+        if t // interval >= MAX_SERIES_BUCKETS:
+            need = t // (MAX_SERIES_BUCKETS * 10**9) + 1  # whole seconds a row
+            raise InputError(
+                f"{src}: request {first.rid} starts {t / 1e9:.4g} s into the run (arrival "
+                "plus its session's tool pauses); the time series would need "
+                f"{t // interval + 1:,} rows of {interval / 1e9:g} s; allowed: at most "
+                f"{MAX_SERIES_BUCKETS:,} (--timeseries-interval-s {need} or more, or earlier "
+                "arrivals)")

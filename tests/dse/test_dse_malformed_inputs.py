@@ -44,6 +44,27 @@ def _knobs(**kw):
     return {**BASE_SPACE, "knobs": kw}
 
 
+def _gen(**kw):
+    gen = {**BASE_SPACE["workload"]["generate"], **kw}
+    return {**BASE_SPACE, "workload": {"generate": gen}}
+
+
+@pytest.mark.parametrize("line,needles", [
+    ('{"input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 999999999]}',
+     ["workload.file", "token id 999999999", "vocab_size=128256"]),
+    ('{"input_toks": 2, "output_toks": 1, "arrival_time_ns": 100000000000000000}',
+     ["workload.file", "request 0 starts 1e+08 s", "at most 10,000,000"]),
+])
+def test_space_file_workload_refused(tmp_path, line, needles, capsys, monkeypatch):
+    """A trace the model cannot replay is refused when the space is read, not by every
+    trial: ids past the vocabulary, an arrival a time series cannot hold."""
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    (tmp_path / "w.jsonl").write_text(line + "\n")
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "workload": {"file": "w.jsonl"}}))
+    assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
+
+
 # (id, the space file's text, needles)
 SPACE_CASES = [
     ("top-level-key-twice", _TEXT + "name: other\n", ["'name' appears twice", "lines 1 and"]),
@@ -56,6 +77,23 @@ SPACE_CASES = [
      ["knobs.tp", "no value divides num_attention_heads=32", "1, 2, 4, 8, 16, 32"]),
     ("smallest-configuration-over-budget", yaml.safe_dump(_knobs(tp=[4], replicas=[2, 4])),
      ["knobs", "tp=4", "replicas=2", "needs 8 devices", "budget.total_devices (4)"]),
+    # a rate that spreads the requests over centuries (1e-300: an OverflowError traceback
+    # in every trial; 1e-6: a time series of 60 million rows)
+    ("generate-rate-1e-300", yaml.safe_dump(_gen(rate=1e-300)),
+     ["field 'rate' 1e-300", "num_requests / rate <= 10,000,000 s", "rate >= 6e-06"]),
+    ("generate-rate-1e-6", yaml.safe_dump(_gen(rate=1e-6)), ["field 'rate' 1e-06"]),
+    # no silent default length: `input: {}` gave 128 tokens, an absent input 512
+    ("generate-input-empty-mapping", yaml.safe_dump(_gen(input={})),
+     ["input: a fixed length needs 'value'"]),
+    ("generate-uniform-without-high", yaml.safe_dump(_gen(input={"kind": "uniform", "low": 8})),
+     ["input: a uniform length needs 'high'"]),
+    ("generate-zipf-without-bounds", yaml.safe_dump(_gen(output={"kind": "zipf"})),
+     ["output: a zipf length needs 'low' and 'high'"]),
+    ("generate-uniform-high-10e12", yaml.safe_dump(_gen(input={"kind": "uniform", "low": 1,
+                                                               "high": 10**12})),
+     ["input", "'high' must be <= 2147483647", "1000000000000"]),
+    ("generate-fixed-10e12", yaml.safe_dump(_gen(output=10**12)),
+     ["output", "'value' must be <= 2147483647"]),
 ]
 
 

@@ -456,7 +456,39 @@ JSONL_CASES = [
      '"output_toks": 5}]}\n', [":1", "'output_toks' appears twice"]),
     ("huge-int", '{"input_toks": ' + "9" * 5000 + ', "output_toks": 3}\n',
      [":1", "malformed JSON", "4300"]),
+    # lengths past vLLM's int32 max_model_len: a 10**12-token prompt ran out of memory
+    # (or for minutes) before the simulator said it could never fit
+    ("enormous-prompt", '{"input_toks": 1000000000000, "output_toks": 3}\n',
+     [":1", "'input_toks' must be in 1..2147483647", "int32"]),
+    ("enormous-output", '{"input_toks": 3, "output_toks": 1000000000000}\n',
+     [":1", "'output_toks' must be in 1..2147483647"]),
+    # an arrival at 2**62 ns hung for hours building one time-series row per second
+    ("arrival-146-years-out", '{"input_toks": 3, "output_toks": 3, "arrival_time_ns": '
+     f'{2**62}}}\n', ["request 0 starts 4.612e+09 s", "4,611,686,019 rows of 1 s",
+                       "at most 10,000,000", "--timeseries-interval-s 462"]),
+    ("tool-pauses-146-years", '{"sub_requests": [{"input_toks": 2, "output_toks": 1}, '
+     f'{{"input_toks": 2, "output_toks": 1, "tool_duration_ns": {2**62}}}]}}\n',
+     ["request 0 starts", "tool pauses", "at most 10,000,000"]),
+    # vLLM refuses a prompt with an id past the vocabulary; it was replayed silently
+    ("token-id-past-the-vocabulary", '{"input_toks": 2, "output_toks": 1, '
+     '"input_tok_ids": [5, 1000000000]}\n',
+     ["request 0: input_tok_ids holds token id 1000000000", "out of the vocabulary of",
+      "allowed: 0.."]),
 ]
+
+
+def test_jsonl_with_a_byte_order_mark_runs_as_without(d, tmp_path, capsys):
+    """A UTF-8 BOM (Windows editors write one) was a 'malformed JSON' error on line 1."""
+    line = '{"input_toks": 20, "output_toks": 3, "arrival_time_ns": 0}\r\n'
+    outs = []
+    for name, data in (("plain", line.encode()), ("bom", b"\xef\xbb\xbf" + line.encode())):
+        (tmp_path / f"{name}.jsonl").write_bytes(data)
+        rc = main(["run", "--cluster", str(d / "c.json"), "--dataset",
+                   str(tmp_path / f"{name}.jsonl"), "--output", str(tmp_path / f"{name}.csv"),
+                   "--profiles", str(d / "profiles"), "--latency-provider", "measured"])
+        assert rc == 0, capsys.readouterr().err
+        outs.append((tmp_path / f"{name}.csv").read_bytes())
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("text,needles", [c[1:] for c in JSONL_CASES],
