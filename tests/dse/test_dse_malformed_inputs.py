@@ -82,6 +82,13 @@ SPACE_CASES = [
     ("generate-rate-1e-300", yaml.safe_dump(_gen(rate=1e-300)),
      ["field 'rate' 1e-300", "num_requests / rate <= 10,000,000 s", "rate >= 6e-06"]),
     ("generate-rate-1e-6", yaml.safe_dump(_gen(rate=1e-6)), ["field 'rate' 1e-06"]),
+    # a budget of 10**12 devices ran out of memory building each configuration's cluster
+    ("budget-of-a-million-devices", yaml.safe_dump({**BASE_SPACE, "budget": {
+        "total_devices": 10**6, "devices_per_node": 8}}),
+     ["budget.total_devices: must be <= 65536, got 1000000"]),
+    ("devices-per-node-10e12", yaml.safe_dump({**BASE_SPACE, "budget": {
+        "total_devices": 8, "devices_per_node": 10**12}}),
+     ["budget.devices_per_node: must be <= 65536"]),
     # no silent default length: `input: {}` gave 128 tokens, an absent input 512
     ("generate-input-empty-mapping", yaml.safe_dump(_gen(input={})),
      ["input: a fixed length needs 'value'"]),
