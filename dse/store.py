@@ -138,6 +138,17 @@ def open_storage(out: Path, backend=None):
                       f"{' '.join(str(exc).split())[:160]}") from None
 
 
+def check_study_there(storage, out: Path, name: str) -> None:
+    """A folder whose ``study.json`` records a study (written only after the journal's
+    first commit) but whose journal does not hold it lost its journal (emptied, replaced):
+    refuse to start a new study over the old one's MLflow runs and files."""
+    if any(s.study_name == name for s in storage.get_all_studies()):
+        return
+    raise InputError(f"{out / JOURNAL}: holds no study named {name!r}, but {out / STUDY_JSON} "
+                     "records one: the journal was emptied or replaced; restore it, or rerun "
+                     "with --fresh (which deletes the study)")
+
+
 def driver_journal(out: Path) -> DriverJournal:
     """The driver's journal backend (see :class:`dse.journal.DriverJournal`)."""
     return DriverJournal(out / JOURNAL)

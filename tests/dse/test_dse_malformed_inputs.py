@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -18,8 +19,10 @@ from dse_testkit import BASE_SPACE, write_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dse.report
 import dse.study
 from dse.cli import main
+from sim.errors import InputError
 
 _TEXT = yaml.safe_dump(BASE_SPACE, sort_keys=False)
 
@@ -166,6 +169,10 @@ FOLDER_CASES = [
     ("journal-corrupt", _w("study.journal", b"garbage\xff\n"),
      ["study.journal", "corrupt", "--fresh"]),
     ("journal-missing", _w("study.journal", None), ["study.journal", "no study named 't'"]),
+    ("journal-a-folder", _w("study.journal", "DIR"),
+     ["study.journal", "cannot read the study journal", "Is a directory"]),
+    ("journal-torn-record", lambda out: (out / "study.journal").open("ab").write(b"@99 00"),
+     None),  # a commit cut short is left out: the report is made
     ("report-html-a-folder", _w("report.html", "DIR"), ["report.html", "Is a directory"]),
     ("best-a-file", _w("best", b"x"), ["best", "File exists"]),
 ]
@@ -178,6 +185,9 @@ def test_report_on_a_damaged_folder(study, tmp_path, damage, needles, capsys):
     copy_ = tmp_path / "copy"
     shutil.copytree(out, copy_)
     damage(copy_)
+    if needles is None:
+        assert main(["report", str(copy_)]) == 0, capsys.readouterr().err
+        return
     assert_one_line(capsys, main(["report", str(copy_)]), needles)
 
 
@@ -199,6 +209,45 @@ def test_search_resume_on_a_corrupt_journal_exits_2_and_keeps_it(study, tmp_path
     rc = main(["search", str(space), "--out", str(copy_), "--workers", "0", "--no-progress"])
     assert_one_line(capsys, rc, ["study.journal", "corrupt", "--fresh"])
     assert hashlib.sha256((copy_ / "study.journal").read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("journal", [b"", b"#dse-journal"], ids=["emptied", "magic-prefix"])
+def test_search_resume_on_a_lost_journal_exits_2_and_keeps_the_folder(study, tmp_path,
+                                                                      journal, capsys):
+    """study.json records a study (it is written after the journal's first commit) but the
+    journal holds none: a new study was started silently over the old one's MLflow runs."""
+    space, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    (copy_ / "study.journal").write_bytes(journal)
+    def state():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else
+                sorted(x.name for x in p.iterdir()) for p in copy_.iterdir()
+                if p.name != ".dse.lock"}
+
+    before = state()
+    rc = main(["search", str(space), "--out", str(copy_), "--workers", "0", "--no-progress"])
+    assert_one_line(capsys, rc, ["study.journal", "holds no study named 't'", "study.json",
+                                 "--fresh"])
+    assert state() == before
+
+
+def test_report_on_a_damaged_mlflow_store(study, tmp_path, capsys):
+    """The report reads earlier trials' request tables from MLflow: a damaged store was a
+    sqlalchemy traceback."""
+    _, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    (copy_ / "mlflow.db").write_bytes(b"garbage" * 100)
+    meta = json.loads((copy_ / "study.json").read_text())
+    meta["tracking_uri"] = f"sqlite:///{copy_ / 'mlflow.db'}"  # the copy's, damaged
+    (copy_ / "study.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError) as exc:
+        dse.report.request_tables(copy_, [0])
+    msg = str(exc.value)
+    assert "\n" not in msg
+    for n in ("study.json", "cannot read the MLflow store", "file is not a database"):
+        assert n in msg, msg
 
 
 def test_report_on_the_undamaged_study_still_works(study, tmp_path, capsys):
