@@ -44,8 +44,15 @@ def _where(cluster: ClusterConfig, inst: InstanceConfig) -> str:
     return f"{cluster.source}: instance {inst.instance_id}"
 
 
+#: KV blocks a whole cluster may have: the simulator keeps state per block (~30 bytes),
+#: so 2**25 blocks is about 1 GB; npu_mem.mem_size 10**6 GiB (5 * 10**8 blocks) took a
+#: minute and 14 GB, 20,000 H100 instances on one node ran out of time and memory
+MAX_KV_BLOCKS = 2**25
+
+
 def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
-    """Each instance's own options, model, tp and memory."""
+    """Each instance's own options, model, tp and memory; the cluster's KV blocks."""
+    total = 0
     for inst in cluster.instances:
         where = _where(cluster, inst)
         o = opts.for_instance(inst.overrides)
@@ -53,8 +60,15 @@ def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
         model.check_pp(inst.pp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
-                      dp_group_size(cluster, inst))
+        blocks = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens,
+                               o.max_num_seqs, dp_group_size(cluster, inst)).num_blocks
+        total += blocks
+        if total > MAX_KV_BLOCKS:
+            raise InputError(
+                f"{where}: the cluster's KV caches reach {total:,} blocks here (this "
+                f"instance: {blocks:,}, from npu_mem.mem_size={inst.npu_mem.mem_size_gib:g} "
+                f"GiB or num_gpu_blocks_override); allowed: at most {MAX_KV_BLOCKS:,} in "
+                "all (the simulator keeps state per block): fewer instances or less memory")
 
 
 def _check_pim(cluster: ClusterConfig, opts: SimOptions) -> None:

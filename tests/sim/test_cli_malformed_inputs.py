@@ -448,6 +448,34 @@ def test_run_refuses_more_pipeline_stages_than_layers(d, tmp_path, capsys, monke
     assert_one_line(capsys, rc, "llmsim", ["c.json", "pp_size=33", "num_hidden_layers=32"])
 
 
+@pytest.mark.parametrize("edit,needles", [
+    # 10**6 GiB of HBM: 4.6 * 10**8 KV blocks, a minute and 14 GB before the first step
+    (lambda c: c["nodes"][0]["instances"][0]["npu_mem"].update(mem_size=10**6),
+     ["instance 0", "npu_mem.mem_size=1e+06 GiB", "at most 33,554,432"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(num_gpu_blocks_override=2**30),
+     ["instance 0", "1,073,741,824 blocks", "num_gpu_blocks_override"]),
+    # 20,000 instances on one node: out of time and memory
+    (lambda c: c["nodes"][0].update(num_instances=2000,
+                                    instances=c["nodes"][0]["instances"] * 2000),
+     ["instance 1172", "at most 33,554,432 in all", "fewer instances"]),
+], ids=["mem-size-a-million-gib", "block-override-2-30", "2000-instances"])
+def test_run_refuses_kv_caches_past_what_it_can_hold(d, tmp_path, edit, needles, capsys,
+                                                       monkeypatch):
+    import time
+
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    c = cluster_dict(300, hardware="H100-SXM")
+    c["nodes"][0]["instances"][0].pop("num_gpu_blocks_override")
+    c["nodes"][0]["instances"][0]["npu_mem"].update(mem_size=80, mem_util=0.9)
+    edit(c)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    t0 = time.perf_counter()
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["c.json", *needles])
+    assert time.perf_counter() - t0 < 20
+
+
 # ------------------------------------------------------------------- workload JSONL
 JSONL_CASES = [
     ("duplicate-key", '{"input_toks": 20, "input_toks": 30, "output_toks": 3}\n',
