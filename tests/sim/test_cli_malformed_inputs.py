@@ -505,6 +505,16 @@ JSONL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("iv", ["1e-9", "1e-4", "1e300", "inf"])
+def test_run_timeseries_interval_out_of_range(d, tmp_path, iv, capsys, monkeypatch):
+    """1e-9 s ran for hours (a row per nanosecond of simulated time); 1e300 was an
+    OverflowError traceback."""
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"), "--timeseries-interval-s", iv])
+    assert_one_line(capsys, rc, "llmsim", ["--timeseries-interval-s", "0.001..1e9"])
+
+
 def test_jsonl_with_a_byte_order_mark_runs_as_without(d, tmp_path, capsys):
     """A UTF-8 BOM (Windows editors write one) was a 'malformed JSON' error on line 1."""
     line = '{"input_toks": 20, "output_toks": 3, "arrival_time_ns": 0}\r\n'
