@@ -157,6 +157,41 @@ def real_vs_sim_filling(folder: Path, result, seqs: int, dp: int) -> None:
     print(f"  per prompt token   real {rc:6.1f} us   sim {sc:6.1f} us ({100 * (sc - rc) / rc:+.1f}%)")
 
 
+def admitted_when_full(rows: list[dict], requests, min_wait_s: float = 0.5,
+                       max_prompt: int = 1920) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt tokens, real ms, replay ms from scheduled to first token) of the requests
+    that waited ``min_wait_s`` or more for a slot in the real run (they enter a full rank:
+    their prefill runs beside max_num_seqs - 1 decodes) and whose prompt fits one chunk.
+    Real rows and replayed requests are paired by position (the workload's order)."""
+    by_rid = {r.rid: r for r in requests}
+    x, real, rep = [], [], []
+    for i, row in enumerate(rows):
+        req = by_rid.get(i)
+        if (req is None or row["scheduled_ts"] - row["queued_ts"] < min_wait_s
+                or row["input_toks"] > max_prompt or req.first_token_ns < 0):
+            continue
+        x.append(row["input_toks"])
+        real.append(1e3 * (row["first_token_ts"] - row["scheduled_ts"]))
+        rep.append((req.first_token_ns - req.first_scheduled_ns) / 1e6)
+    return np.array(x, float), np.array(real), np.array(rep)
+
+
+def real_vs_sim_admitted(rows: list[dict], result) -> None:
+    """Print the median time from scheduled to first token (one decode step in flight, then
+    the prompt's mixed step) of prompts admitted into full ranks, by prompt length, real
+    and replayed."""
+    x, real, rep = admitted_when_full(rows, result.requests)
+    if not len(x):
+        return
+    print("prompts admitted into full ranks, scheduled -> first token (median):")
+    for lo, hi in ((0, 500), (500, 1000), (1000, 1921)):
+        sel = (x > lo) & (x <= hi)
+        if sel.any():
+            r, m = float(np.median(real[sel])), float(np.median(rep[sel]))
+            print(f"  prompt {lo:4d}-{hi - 1 if hi == 1921 else hi:4d} tokens ({int(sel.sum()):2d})   "
+                  f"real {r:6.1f} ms   sim {m:6.1f} ms ({m - r:+.1f} ms)")
+
+
 def real_vs_sim_steps(folder: Path, result, seqs: int) -> None:
     """Print the full decode step and the cost of a prompt token in the saturated window,
     fitted the same way to the real run's and the replay's per-second time series."""
@@ -209,6 +244,7 @@ def main(argv=None) -> int:
     dp = len(steps[0].ranks) if steps else 1
     real_vs_sim_steps(folder, result, 2 * kw["max_num_seqs"])
     real_vs_sim_filling(folder, result, dp * kw["max_num_seqs"], dp)
+    real_vs_sim_admitted(rows, result)
     print()
     prov = _provider(simulator)
     _print_waves(steps, prov, prov.model.num_hidden_layers)
