@@ -65,15 +65,15 @@ def test_admitted_when_full_pairs_by_position_and_keeps_waiting_one_chunk_prompt
     assert list(rep) == pytest.approx([130.0, 150.0])
 
 
-def _measured():
-    model = load_model(MOE)
-    bundle = shared_data_root() / "profiles" / "RTXPRO6000" / "Qwen" / \
-        "Qwen3-30B-A3B-Instruct-2507" / "bf16"
-    return MeasuredProvider(model, "RTXPRO6000", 1, bundle=bundle)
+BUNDLE = shared_data_root() / "profiles" / "RTXPRO6000" / "Qwen" / \
+    "Qwen3-30B-A3B-Instruct-2507" / "bf16"
 
 
+@pytest.mark.shared
+@pytest.mark.skipif(not (BUNDLE / "tp1" / "attention.csv").is_file(),
+                    reason=f"shared measured bundle not found at {BUNDLE}")
 def test_split_mixed_attention_shows_the_bundles_mixed_batch_penalty():
-    prov = _measured()
+    prov = MeasuredProvider(load_model(MOE), "RTXPRO6000", 1, bundle=BUNDLE)
     kv = 1024
     for nd in (16, 128):
         mixed = BatchShape(nd + 16, nd + 1, prefill_tokens=16, num_decode=nd,
