@@ -298,6 +298,9 @@ engine_kwargs) with VLLM_LOGGING_LEVEL=DEBUG, keeping from its log
   "Memory profiling takes ... torch peak memory increase: ...; non-torch forward increase
    memory: ...; weights memory: ..."                             (the two profiled terms)
   "Available KV cache memory: ..." and "num_gpu_blocks is: ..."
+  "Directly load the compiled graph(s) ... from the cache" or "Compiling a graph for
+   compile range ..."                                            (inductor's autotuning
+   loads extra kernel images inside the window only on a cold compile cache)
 and a second start-up with --enforce-eager (profile_cudagraph_memory skipped), whose
 non-torch increase, against the first, splits the term into what the profile run leaves
 and what the CUDA-graph memory profiling leaves. To test the local-memory reading, log in
