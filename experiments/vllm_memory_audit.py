@@ -54,7 +54,6 @@ which logged only its block count: the non-torch term it implies is printed as a
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
