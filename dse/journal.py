@@ -88,6 +88,11 @@ def _record_at(data: bytes, pos: int, path: Path, base: int) -> tuple[bytes, int
     length, crc = int(head[1]), int(head[2], 16)
     end = nl + 1 + length
     if end > len(data):
+        # a write cut short is the last thing in the file; log lines start with "{", so a
+        # header after this one means this header's length is damaged, not the tail torn
+        if data.find(b"\n@", nl + 1) >= 0:
+            raise corrupt(path, f"{where}: a commit of {length} bytes runs past another "
+                          "commit")
         return None
     payload = data[nl + 1:end]
     if zlib.crc32(payload) != crc or not payload.endswith(b"\n"):

@@ -14,6 +14,8 @@ import shutil
 import optuna
 import pytest
 from dse_testkit import write_space
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 import dse.journal
@@ -106,6 +108,10 @@ def test_a_reader_kept_open_skips_a_record_being_written(tmp_path):
     lambda b: b.replace(b"\n@", b"\n#", 2),  # a header overwritten
     lambda b: b"x" + b[1:],  # the first line overwritten
     lambda b: b + b"@" + b"9" * 60,  # a header far too long
+    # the second commit's length damaged to reach past the end: not a torn tail (the
+    # commits after it would have been cut off)
+    lambda b: b[:b.index(b"\n@", len(MAGIC)) + 2] + b"9"
+    + b[b.index(b"\n@", len(MAGIC)) + 2:],
 ])
 def test_a_damaged_record_is_reported_and_left_as_it_is(tmp_path, damage):
     p = tmp_path / JOURNAL
@@ -186,3 +192,38 @@ def test_a_study_written_in_the_old_format_resumes(tmp_path, capsys):
         [(t.number, t.state, t.params) for t in (after[t.number] for t in done)]
     assert sum(t.state == TrialState.COMPLETE for t in after) >= 4
     assert (out / JOURNAL).read_bytes().startswith(MAGIC)
+
+
+@settings(max_examples=500, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(how=st.sampled_from(["cut", "flip", "append"]), at=st.integers(0, 10**6),
+       junk=st.binary(min_size=1, max_size=40), flip=st.integers(1, 255))
+def test_fuzz_damaged_journal_reads_whole_commits_or_says_corrupt(tmp_path, how, at, junk,
+                                                                 flip):
+    """Any damage: the readers return whole commits, or raise the one-line InputError,
+    nothing else; a cut (what kill -9 leaves) always reads as the commits before it."""
+    p = tmp_path / JOURNAL
+    p.unlink(missing_ok=True)
+    j, ends = DriverJournal(p), []
+    for c in range(3):
+        j.append_logs([_log(3 * c + k) for k in range(3)])
+        j.commit()
+        ends.append(p.stat().st_size)
+    whole = p.read_bytes()
+    at %= len(whole)
+    data = {"cut": whole[:max(at, len(MAGIC))],
+            "flip": whole[:at] + bytes([whole[at] ^ flip]) + whole[at + 1:],
+            "append": whole + junk}[how]
+    for read in (lambda: JournalReader(p).read_logs(0), lambda: DriverJournal(p).read_logs(0)):
+        p.write_bytes(data)
+        try:
+            ns = _ns(read())
+        except InputError as exc:
+            assert "\n" not in str(exc) and "the study journal is corrupt" in str(exc)
+            assert how != "cut"
+            continue
+        assert ns == list(range(len(ns))) and len(ns) % 3 == 0  # whole commits only
+        if how == "flip" and at >= len(MAGIC):  # no commit before the damage lost
+            assert len(ns) >= 3 * sum(e <= at for e in ends)
+        if how == "cut":
+            assert len(ns) == 3 * sum(e <= len(data) for e in ends)
