@@ -109,7 +109,8 @@ class Search(Section):
     n_trials: num(integer=True, minimum=1) = Field(50, description="distinct configurations "
                                                                     "to evaluate")
     timeout_s: num(minimum=0, exclusive=True) = Field(None, description="stop after this long")
-    seed: num(integer=True, minimum=0) = Field(0, description="sampler seed")
+    seed: num(integer=True, minimum=0, maximum=2**32 - 1) = Field(
+        0, description="sampler seed (Optuna's samplers take 0..2**32-1)")
     workers: num(integer=True, minimum=0) = Field(
         None, description="Ray actors (default: one per free CPU; 0: in the driver)")
     population_size: num(integer=True, minimum=2) = Field(16, description="NSGA-II population")

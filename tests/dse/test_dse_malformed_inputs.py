@@ -92,6 +92,10 @@ SPACE_CASES = [
     ("devices-per-node-10e12", yaml.safe_dump({**BASE_SPACE, "budget": {
         "total_devices": 8, "devices_per_node": 10**12}}),
      ["budget.devices_per_node: must be <= 65536"]),
+    # Optuna's samplers take a numpy RandomState seed: 10**12 was a ValueError traceback
+    ("search-seed-past-2-32", yaml.safe_dump(
+        {**BASE_SPACE, "search": {**BASE_SPACE["search"], "seed": 10**12}}),
+     ["search.seed: must be <= 4294967295, got 1000000000000"]),
     # no silent default length: `input: {}` gave 128 tokens, an absent input 512
     ("generate-input-empty-mapping", yaml.safe_dump(_gen(input={})),
      ["input: a fixed length needs 'value'"]),
@@ -116,6 +120,14 @@ def test_space_refused_by_check_and_search(tmp_path, text, needles, capsys, monk
     assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
     assert_one_line(capsys, main(["search", str(p), "--out", str(tmp_path / "o")]),
                     [str(p), *needles])
+
+
+def test_search_seed_flag_past_2_32(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    p = tmp_path / "space.yaml"
+    p.write_text(_TEXT)
+    rc = main(["search", str(p), "--out", str(tmp_path / "o"), "--seed", str(2**32)])
+    assert_one_line(capsys, rc, ["--seed: must be <= 4294967295, got 4294967296"])
 
 
 def test_merge_keys_may_still_override(tmp_path, capsys):
