@@ -16,14 +16,17 @@ from typing import Any
 
 from dse.metrics import evaluate_slos
 from dse.space import Space
+from dse.table import Columns
+from sim.metrics import REQUEST_COLUMNS
 
 
 @dataclass
 class TrialResult:
     """What a worker sends back for one trial. Exactly one of three shapes: ``rejected``
     (sim refused the configuration: a reason), ``error`` (the trial failed: a message and
-    a traceback), or a simulation (``summary``, per-request and time-series tables, the SLO
-    evaluation, and for a capacity search the probes)."""
+    a traceback), or a simulation (``summary``, per-request and time-series tables as
+    :class:`dse.table.Columns`, the SLO evaluation, and for a capacity search the
+    probes)."""
 
     number: int
     wall_s: float = 0.0
@@ -140,10 +143,11 @@ def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | Non
     if workload is None:
         workload = workloads.get(space.workload, rate)
     res = sim.simulate(cluster, workload, opts, backend=_backend(opts))
-    requests = res.requests_table()
+    # plain columns, not DataFrames: no pandas in the worker (dse.table)
+    requests = Columns.from_rows(REQUEST_COLUMNS, res.request_rows())
     summary = dict(res.summary)
     return TrialResult(task["number"], summary=summary, requests=requests,
-                       timeseries=res.timeseries_table(),
+                       timeseries=Columns(res.timeseries.columns()),
                        slo=evaluate_slos(summary, requests, space), rate=rate)
 
 
