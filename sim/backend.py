@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Protocol
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
 
 from sim.errors import InputError
-from sim.graph_generator import build_graphs, stage_transfer_graphs
+from sim.graph_generator import (build_graphs, logits_shard_bytes, stage_transfer_graphs,
+                                 tp_collective_graphs)
 from sim.latency.base import BatchShape, LayerTimes
 from sim.model import TP_ALLREDUCE_AFTER
 from sim.topology import network_dict, system_dict
@@ -71,12 +72,18 @@ def _act_bytes(inst, shape: BatchShape) -> int:
     return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
 
 
+def _logits_bytes(inst, shape: BatchShape) -> int:
+    """One TP rank's logits shard of this step (the per-rank size of their all-gather)."""
+    m = inst.model
+    return logits_shard_bytes(m.vocab_size, inst.tp, shape.num_seqs, m.dtype_bytes)
+
+
 #: entries a backend's reuse cache holds before it starts over (a few MB)
 REUSE_CACHE_MAX = 1 << 17
 
 
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
-                            cache: dict | None = None) -> int:
+                            cache: dict | None = None, logits_bytes: int = 0) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 
@@ -105,32 +112,40 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     # the parts with communication, by key (None: nothing to simulate)
     block_key = ("block", act, collectives) if inst.tp > 1 and collectives else None
     ends_key = ("ends", load_bytes) if load_bytes else None
+    # the TP collectives of the ends: the embedding's all-reduce, the logits' all-gather
+    embed_key = ("embed", act) if inst.tp > 1 else None
+    gather_key = ("gather", logits_bytes) if inst.tp > 1 and logits_bytes else None
     hop_key = ("hop", act) if inst.pp > 1 else None
     if cache is None:
         cache = {}
-    misses = [k for k in (block_key, ends_key, hop_key) if k is not None and k not in cache]
+    keys = (block_key, ends_key, hop_key, embed_key, gather_key)
+    misses = [k for k in keys if k is not None and k not in cache]
     if misses:
         ndims = 2 if inst.pp > 1 else 1
 
         def block():
             # the block's layers that end in an all-reduce, with no compute left
             reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
-            return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims)
+            return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims,
+                                ends=False)
 
         def ends():
             return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
-                                ndims=ndims)
+                                ndims=ndims, ends=False)
 
         def hop():
             return stage_transfer_graphs(inst.tp, act)
 
-        builders = {"block": block, "ends": ends, "hop": hop}
+        builders = {"block": block, "ends": ends, "hop": hop,
+                    "embed": lambda: tp_collective_graphs(inst.tp, "all_reduce", act, ndims),
+                    "gather": lambda: tp_collective_graphs(inst.tp, "all_gather",
+                                                           logits_bytes, ndims)}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
             cache.clear()
         cycles = run_many([(key[0], builders[key[0]]) for key in misses])
         cache.update(zip(misses, cycles, strict=True))
     t_ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
-    t_ends += cache[ends_key] if ends_key else 0
+    t_ends += sum(cache[k] for k in (ends_key, embed_key, gather_key) if k)
     t_block = compute_ns + (cache[block_key] if block_key else 0)
     t_hop = cache[hop_key] if hop_key else 0
     return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
@@ -206,7 +221,7 @@ class _GraphBackend(ABC):
         return decomposed_iteration_ns(
             lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
-            cache)
+            cache, _logits_bytes(inst, shape))
 
     def reuse_entries(self) -> int:
         """Iteration parts remembered so far, over every network."""

@@ -8,7 +8,7 @@ import random
 import pytest
 
 import sim
-from sim.graph_generator import block_pattern, build_graphs
+from sim.graph_generator import block_pattern, build_graphs, logits_shard_bytes
 from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
 
@@ -46,14 +46,43 @@ def test_graph_shape_for_tp_and_pp():
     s = sim.Simulator(_cluster(2, 2), sim.SimOptions(latency_provider="roofline"))
     inst = s.instances[0]
     lt = inst.provider.layer_times(_shapes(1)[0])
-    graphs = build_graphs(lt, 2, 2, 1 << 20, load_bytes=4096)
+    graphs = build_graphs(lt, 2, 2, 1 << 20, load_bytes=4096, logits_bytes=8192)
     assert sorted(graphs) == [0, 1, 2, 3]
     kinds = [[n.type for n in graphs[npu].nodes] for npu in (0, 2)]
     from astrasim import NodeType
     assert kinds[0][0] == NodeType.MEM_LOAD_NODE and kinds[0][-1] == NodeType.COMM_SEND_NODE
     assert NodeType.COMM_RECV_NODE in kinds[1] and kinds[1][-1] == NodeType.COMP_NODE
     n_ar = sum(1 for k in kinds[0] if k == NodeType.COMM_COLL_NODE)
-    assert n_ar == 2 * 16  # two all-reduces per block, 16 of the 32 blocks on stage 0
+    # the embedding's all-reduce, then two all-reduces per block, 16 of the 32 on stage 0
+    assert n_ar == 1 + 2 * 16
+    # the last stage: two per block, then the logits' all-gather before the sampler
+    names = [n.name for n in graphs[2].nodes if n.type == NodeType.COMM_COLL_NODE]
+    assert len(names) == 2 * 16 + 1 and names[-1] == "logits_all_gather"
+    assert graphs[2].nodes[-1].type == NodeType.COMP_NODE  # the sampler
+
+
+def test_tp_ends_run_vllms_embedding_all_reduce_and_logits_all_gather():
+    """vLLM 0.19 at tp > 1: VocabParallelEmbedding all-reduces its output
+    (tensor_model_parallel_all_reduce) and LogitsProcessor all-gathers every rank's vocabulary
+    shard of the logits (Platform.use_all_gather() is True on CUDA), once per step each; a
+    tp=2 iteration costs its blocks' all-reduces plus those two collectives."""
+    from sim.graph_generator import tp_collective_graphs
+
+    s = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"))
+    inst = s.instances[0]
+    engine = s.backend._engine(inst)
+    shape = BatchShape(128, 128, 0, 0, 128, 128 * 1000, 1000, 1000)
+    lt = inst.provider.layer_times(shape)
+    act = 128 * 4096 * 2
+    shard = logits_shard_bytes(128256, 2, 128, 2)
+    assert shard == 128 * 64128 * 2  # 128,256 is a multiple of 64: no vocabulary padding
+    assert logits_shard_bytes(151937, 2, 1, 2) == (151936 + 64) // 2 * 2
+    blocks_only = max(r.cycles for r in engine.run(
+        build_graphs(lt, 2, 1, act, ends=False)).values())
+    ar = max(r.cycles for r in engine.run(tp_collective_graphs(2, "all_reduce", act)).values())
+    ag = max(r.cycles for r in engine.run(tp_collective_graphs(2, "all_gather", shard)).values())
+    assert ar > 0 and ag > ar  # the logits shard is larger than the activations
+    assert s.backend.iteration_ns(inst, shape) == blocks_only + ar + ag
 
 
 @pytest.mark.parametrize("tp,pp,model", [(1, 1, LLAMA), (2, 1, LLAMA), (4, 1, LLAMA),
@@ -66,7 +95,9 @@ def test_layer_block_reuse_equals_the_full_graph(tp, pp, model):
     for shape in _shapes():
         lt = inst.provider.layer_times(shape)
         act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-        full = max(r.cycles for r in engine.run(build_graphs(lt, tp, pp, act, 8192)).values())
+        logits = logits_shard_bytes(inst.model.vocab_size, tp, shape.num_seqs, 2)
+        full = max(r.cycles for r in engine.run(build_graphs(lt, tp, pp, act, 8192,
+                                                             logits_bytes=logits)).values())
         assert s.backend.iteration_ns(inst, shape, 8192) == full
 
 
@@ -182,9 +213,11 @@ def test_reused_parts_with_tier_loads_equal_the_full_graph():
         load = (i % 3) * 65536
         lt = inst.provider.layer_times(shape)
         act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-        full = max(r.cycles for r in engine.run(build_graphs(lt, 2, 2, act, load)).values())
+        logits = logits_shard_bytes(inst.model.vocab_size, 2, shape.num_seqs, 2)
+        full = max(r.cycles for r in engine.run(build_graphs(lt, 2, 2, act, load,
+                                                             logits_bytes=logits)).values())
         assert s.backend.iteration_ns(inst, shape, load) == full
-    assert 0 < s.backend.reuse_entries() < 3 * 30
+    assert 0 < s.backend.reuse_entries() < 5 * 30  # block, ends, hop, embedding, logits
 
 
 def test_single_npu_iterations_need_no_astra_sim_process():
@@ -231,6 +264,10 @@ def test_astra_sim_process_runs_on_the_client_core():
             s = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"),
                               backend=backend)
             cycles[same_core] = [backend.iteration_ns(s.instances[0], sh) for sh in _shapes()]
+            # an iteration's several new parts go out in one exchange (overlapping: any CPU);
+            # a single graph set is what holds the process to the client's core
+            from sim.graph_generator import tp_collective_graphs
+            backend.run_graphs(s.instances[0].network, tp_collective_graphs(2, "all_reduce", 4096))
             (proc, _), = backend._procs.values()
             allowed = os.sched_getaffinity(proc.pid)
             if same_core:
