@@ -69,7 +69,10 @@ def _memory(inst) -> dict:
 
 
 def _act_bytes(inst, shape: BatchShape) -> int:
-    return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+    """The activations one TP all-reduce moves: every row the step runs, CUDA-graph padding
+    included (``LatencyProvider.dense_tokens``)."""
+    return inst.provider.dense_tokens(shape.num_tokens) * inst.model.hidden_size \
+        * inst.model.dtype_bytes
 
 
 def _logits_bytes(inst, shape: BatchShape) -> int:

@@ -210,9 +210,10 @@ class SimOptions:
         vllm=VllmArg("--all2all-backend",
                      needs=("--data-parallel-size", "--enable-expert-parallel")))
     max_cudagraph_capture_size: int | None = option(
-        None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to "
-        "a common token count when all of them run a graph. Default: min(2 * max_num_seqs, "
-        "512); 0: eager mode", flag=None,
+        None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size): a step of at "
+        "most that many tokens runs its token-wise layers and TP all-reduces padded to the "
+        "next capture size, and DP ranks pad to a common token count when all of them run a "
+        "graph. Default: min(2 * max_num_seqs, 512); 0: eager mode", flag=None,
         vllm=VllmArg("--max-cudagraph-capture-size", omit=(None,),
                      special=((0, ("--enforce-eager",)),)))
     pd_decode_policy: str = option(

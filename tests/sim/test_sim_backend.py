@@ -8,6 +8,7 @@ import random
 import pytest
 
 import sim
+from sim.backend import _act_bytes
 from sim.graph_generator import block_pattern, build_graphs, logits_shard_bytes
 from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
@@ -94,7 +95,7 @@ def test_layer_block_reuse_equals_the_full_graph(tp, pp, model):
     engine = s.backend._engine(inst)
     for shape in _shapes():
         lt = inst.provider.layer_times(shape)
-        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+        act = _act_bytes(inst, shape)  # the step's rows, CUDA-graph padding included
         logits = logits_shard_bytes(inst.model.vocab_size, tp, shape.num_seqs, 2)
         full = max(r.cycles for r in engine.run(build_graphs(lt, tp, pp, act, 8192,
                                                              logits_bytes=logits)).values())
@@ -212,7 +213,7 @@ def test_reused_parts_with_tier_loads_equal_the_full_graph():
     for i, shape in enumerate(_shapes(30, seed=3)):
         load = (i % 3) * 65536
         lt = inst.provider.layer_times(shape)
-        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+        act = _act_bytes(inst, shape)  # the step's rows, CUDA-graph padding included
         logits = logits_shard_bytes(inst.model.vocab_size, 2, shape.num_seqs, 2)
         full = max(r.cycles for r in engine.run(build_graphs(lt, 2, 2, act, load,
                                                              logits_bytes=logits)).values())
@@ -243,7 +244,9 @@ def test_only_communication_is_sent_to_astra_sim():
         shapes = _shapes(20, seed=5)
         for shape in shapes:
             backend.iteration_ns(inst, shape)
-        assert backend.exchanges == len({sh.num_tokens for sh in shapes})
+        # (one per distinct activation size: the step's rows after CUDA-graph padding)
+        assert backend.exchanges == len({inst.provider.dense_tokens(sh.num_tokens)
+                                         for sh in shapes})
     finally:
         backend.close()
 
