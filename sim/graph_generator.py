@@ -10,7 +10,10 @@ TP group, dimension 1 the pipeline). Each NPU's graph is:
 - later stages: a RECV of the previous stage's activations, then their blocks;
 - inside a block, consecutive compute layers merge into one COMP node, and a TP ALL_REDUCE
   of the activations (tokens * hidden * dtype bytes, dimension 0 only) follows every
-  row-parallel layer (o_proj, down_proj, moe) when tp > 1;
+  row-parallel layer (o_proj, down_proj, moe) when tp > 1; one below ``one_shot_below``
+  bytes runs as vLLM's one-stage custom all-reduce of two ranks instead: each rank reads
+  the peer's whole buffer and adds it to its own, one transfer of the buffer, which is an
+  ALL_GATHER of that size per rank (the addition streams with the transfer);
 - the last stage ends with the head (final norm, lm_head, sampler); with tp > 1 each rank's
   lm_head computes its vocabulary shard of the logits and a TP ALL_GATHER of the shards
   (``logits_bytes`` per rank) runs before the sampler, which every rank runs over the whole
@@ -67,14 +70,24 @@ def _head_split(head: tuple[tuple[str, int], ...]) -> tuple[int, int]:
     return sum(ns for _, ns in head) - after, after
 
 
+def tp_all_reduce(b: GraphBuilder, size_bytes: int, involved, one_shot_below: int = 0,
+                  name: str = "") -> int:
+    """A TP all-reduce of ``size_bytes``: vLLM's one-stage custom all-reduce (an all-gather
+    of the buffer, see the module docstring) below ``one_shot_below`` bytes, else a ring."""
+    if size_bytes < one_shot_below:
+        return b.all_gather(size_bytes, involved_dim=involved, name=name or "custom_all_reduce")
+    return b.all_reduce(size_bytes, involved_dim=involved, name=name)
+
+
 def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                  load_bytes: int = 0, ndims: int | None = None, logits_bytes: int = 0,
-                 ends: bool = True) -> dict[int, Graph]:
+                 ends: bool = True, one_shot_below: int = 0) -> dict[int, Graph]:
     """Graphs of every NPU; ``ndims`` is the network's dimension count (default: 2 when
     pp > 1), so a single stage's graph can run on a pipelined instance's network.
     ``logits_bytes`` is one rank's logits shard (:func:`logits_shard_bytes`); ``ends``
     False leaves out the TP collectives of the prologue and head (the embedding's
-    all-reduce, the logits' all-gather): a graph of decoder blocks alone."""
+    all-reduce, the logits' all-gather): a graph of decoder blocks alone; all-reduces below
+    ``one_shot_below`` bytes run as vLLM's custom one (:func:`tp_all_reduce`)."""
     pattern = block_pattern(lt.block, tp)
     prologue = sum(ns for _, ns in lt.prologue)
     head_pre, head_post = _head_split(lt.head)
@@ -98,7 +111,7 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                     if acc:
                         b.comp(acc)
                         acc = 0
-                    b.all_reduce(act_bytes, involved_dim=involved, name="embedding_all_reduce")
+                    tp_all_reduce(b, act_bytes, involved, one_shot_below, "embedding_all_reduce")
             else:
                 b.recv(npu - tp, act_bytes, tag=stage, name="pp_recv")
                 acc = 0
@@ -110,7 +123,7 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                         if acc:
                             b.comp(acc)
                             acc = 0
-                        b.all_reduce(act_bytes, involved_dim=involved)
+                        tp_all_reduce(b, act_bytes, involved, one_shot_below)
             if stage == pp - 1:
                 acc += head_pre
                 if tp_ends and logits_bytes:
@@ -130,12 +143,16 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
 
 
 def tp_collective_graphs(tp: int, collective: str, size_bytes: int,
-                         ndims: int = 1) -> dict[int, Graph]:
+                         ndims: int = 1, one_shot_below: int = 0) -> dict[int, Graph]:
     """Every rank of one TP group running one collective (``all_reduce`` or ``all_gather``)
-    over dimension 0 of a network of ``ndims`` dimensions, nothing else."""
+    over dimension 0 of a network of ``ndims`` dimensions, nothing else (an all-reduce as
+    :func:`tp_all_reduce` runs it)."""
     involved = [True] + [False] * (ndims - 1)
     b = GraphBuilder(0)
-    getattr(b, collective)(size_bytes, involved_dim=involved, name=f"tp_{collective}")
+    if collective == "all_reduce":
+        tp_all_reduce(b, size_bytes, involved, one_shot_below, "tp_all_reduce")
+    else:
+        getattr(b, collective)(size_bytes, involved_dim=involved, name=f"tp_{collective}")
     first = b.build()
     return {npu: first.copy_for(npu) if npu else first for npu in range(tp)}
 

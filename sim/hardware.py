@@ -61,6 +61,9 @@ class HardwareSpec:
     #: streaming multiprocessors (CUDA's multi_processor_count); vLLM sizes per-SM buffers
     #: by it (the Triton top-k/top-p sampler's scratch rows). None = not catalogued.
     num_sms: int | None = None
+    #: whether two GPUs of this kind reach each other's memory directly (CUDA peer access:
+    #: NVLink, or PCIe P2P where the card allows it); vLLM's custom all-reduce needs it
+    peer_access: bool = False
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -119,6 +122,10 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                          source=source)
     cc = d.get("compute_capability")
     link_type = str(d.get("link_type") or "")
+    peer = d.get("peer_access", link_type.lower().startswith("nvlink"))
+    if not isinstance(peer, bool):
+        raise InputError(f"field 'peer_access' must be true or false, got {peer!r}",
+                         source=source)
     derived = "Switch" if link_type.lower().startswith(("nvlink", "pcie")) else "Ring"
     topo = d.get("link_topology", derived)
     if topo not in ("Ring", "FullyConnected", "Switch"):
@@ -154,6 +161,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         mem_reported_bytes=(None if opt["mem_reported_bytes"] is None
                             else int(opt["mem_reported_bytes"])),
         num_sms=sms,
+        peer_access=peer,
         source=source,
     )
 

@@ -209,6 +209,13 @@ class SimOptions:
         choices=ALL2ALL_BACKENDS, knob=Knob(after="dp"),
         vllm=VllmArg("--all2all-backend",
                      needs=("--data-parallel-size", "--enable-expert-parallel")))
+    disable_custom_all_reduce: bool = option(
+        False, "vLLM's --disable-custom-all-reduce: TP all-reduces always through NCCL (a "
+        "ring). Otherwise, at tp 2 on GPUs with peer access, an all-reduce below vLLM's "
+        "custom all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) "
+        "runs as its one-stage kernel: one transfer of the whole buffer from the peer",
+        scope=INSTANCE,
+        vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True))
     max_cudagraph_capture_size: int | None = option(
         None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size): a step of at "
         "most that many tokens runs its token-wise layers and TP all-reduces padded to the "

@@ -28,7 +28,7 @@ def test_tp1_steps_are_the_bundle_rows_summed_by_hand():
 
 
 def test_tp2_steps_add_exactly_the_tp_collectives():
-    from sim.backend import _act_bytes, _logits_bytes
+    from sim.backend import _act_bytes, _logits_bytes, custom_all_reduce_below
     from sim.graph_generator import tp_collective_graphs
 
     s = sim.Simulator(audit.cluster_for("Qwen/Qwen3-32B", 2), audit.options(_Args))
@@ -40,7 +40,8 @@ def test_tp2_steps_add_exactly_the_tp_collectives():
 
     rows = {r[1]: r for r in audit.step_rows("Qwen/Qwen3-32B", 2, _Args)}
     for label, shape, *_ in audit.STEPS:
-        ar = cycles(tp_collective_graphs(2, "all_reduce", _act_bytes(inst, shape)))
+        ar = cycles(tp_collective_graphs(2, "all_reduce", _act_bytes(inst, shape),
+                                         one_shot_below=custom_all_reduce_below(inst)))
         ag = cycles(tp_collective_graphs(2, "all_gather", _logits_bytes(inst, shape)))
         comm_ms = ((2 * inst.model.num_hidden_layers + 1) * ar + ag) / 1e6
         assert abs(float(rows[label][4]) - comm_ms) < 0.001 + 64e-6, label
