@@ -215,7 +215,8 @@ class SimOptions:
         "custom all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) "
         "runs as its one-stage kernel: one transfer of the whole buffer from the peer",
         scope=INSTANCE,
-        vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True))
+        vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True,
+                     negatable=False))
     max_cudagraph_capture_size: int | None = option(
         None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size): a step of at "
         "most that many tokens runs its token-wise layers and TP all-reduces padded to the "
