@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Protocol
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
 
 from sim.errors import InputError
-from sim.graph_generator import build_graphs, stage_transfer_graphs
+from sim.graph_generator import (build_graphs, logits_shard_bytes, stage_transfer_graphs,
+                                 tp_collective_graphs)
 from sim.latency.base import BatchShape, LayerTimes
 from sim.model import TP_ALLREDUCE_AFTER
 from sim.topology import network_dict, system_dict
@@ -68,7 +69,46 @@ def _memory(inst) -> dict:
 
 
 def _act_bytes(inst, shape: BatchShape) -> int:
-    return shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
+    """The activations one TP all-reduce moves: every row the step runs, CUDA-graph padding
+    included (``LatencyProvider.dense_tokens``)."""
+    return inst.provider.dense_tokens(shape.num_tokens) * inst.model.hidden_size \
+        * inst.model.dtype_bytes
+
+
+def _logits_bytes(inst, shape: BatchShape) -> int:
+    """One TP rank's logits shard of this step (the per-rank size of their all-gather)."""
+    m = inst.model
+    return logits_shard_bytes(m.vocab_size, inst.tp, shape.num_seqs, m.dtype_bytes)
+
+
+#: vLLM 0.19's custom all-reduce: its buffer size (CustomAllreduce max_size, 8 MiB), and
+#: the smaller limits it takes where symmetric memory is available (NVLink GPUs of these
+#: compute capabilities: all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES, two ranks)
+CUSTOM_AR_MAX_BYTES = 8 << 20
+CUSTOM_AR_MAX_BYTES_TP2 = {"9.0": 64 << 20, "10.0": 2 << 20, "10.3": 4 << 20}
+
+
+def custom_all_reduce_below(inst) -> int:
+    """All-reduces of fewer bytes run as vLLM's one-stage custom all-reduce on ``inst``
+    (0: none do). vLLM 0.19 (CudaCommunicator.all_reduce, CustomAllreduce) takes it for a
+    TP group of two GPUs with peer access (NVLink, or PCIe P2P) unless
+    --disable-custom-all-reduce, for inputs below its limit; for two ranks it always runs
+    the one-stage kernel. Larger groups keep the ring here (vLLM runs the custom kernel
+    only on a fully NVLink-connected group, two-stage for large inputs; not modelled)."""
+    from sim.hardware import load_hardware
+
+    if inst.tp != 2 or getattr(inst.opts, "disable_custom_all_reduce", False):
+        return 0
+    try:
+        hw = load_hardware(inst.config.hardware)
+    except InputError:
+        return 0
+    if not hw.peer_access:
+        return 0
+    limit = CUSTOM_AR_MAX_BYTES
+    if hw.link_type.lower().startswith("nvlink"):
+        limit = min(limit, CUSTOM_AR_MAX_BYTES_TP2.get(str(hw.compute_capability), limit))
+    return limit
 
 
 #: entries a backend's reuse cache holds before it starts over (a few MB)
@@ -76,7 +116,8 @@ REUSE_CACHE_MAX = 1 << 17
 
 
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
-                            cache: dict | None = None) -> int:
+                            cache: dict | None = None, logits_bytes: int = 0,
+                            one_shot_below: int = 0) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 
@@ -89,7 +130,10 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     time exactly: removing it from a node shifts every later event on every NPU by the
     same amount. So only what the compute leaves behind is simulated (LLMServingSim does
     the same for attention, the one layer that depends on the KV lengths): the block's TP
-    all-reduces of the activations, the KV load, the stage hop. Each such part is a
+    all-reduces of the activations, the KV load, the stage hop, and the TP collectives of
+    the ends (the embedding's all-reduce, the logits' all-gather of ``logits_bytes`` per
+    rank). All-reduces below ``one_shot_below`` bytes run as vLLM's custom all-reduce
+    (:func:`custom_all_reduce_below`). Each such part is a
     function of one size (the activation bytes, the KV-load bytes), ``cache`` (key ->
     cycles) remembers it across iterations, and a part with no communication (a TP=1
     block, nothing to load) takes no system simulation at all.
@@ -103,34 +147,44 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         if name in TP_ALLREDUCE_AFTER:
             collectives += 1
     # the parts with communication, by key (None: nothing to simulate)
-    block_key = ("block", act, collectives) if inst.tp > 1 and collectives else None
+    one_shot = act < one_shot_below
+    block_key = ("block", act, collectives, one_shot) if inst.tp > 1 and collectives else None
     ends_key = ("ends", load_bytes) if load_bytes else None
+    # the TP collectives of the ends: the embedding's all-reduce, the logits' all-gather
+    embed_key = ("embed", act, one_shot) if inst.tp > 1 else None
+    gather_key = ("gather", logits_bytes) if inst.tp > 1 and logits_bytes else None
     hop_key = ("hop", act) if inst.pp > 1 else None
     if cache is None:
         cache = {}
-    misses = [k for k in (block_key, ends_key, hop_key) if k is not None and k not in cache]
+    keys = (block_key, ends_key, hop_key, embed_key, gather_key)
+    misses = [k for k in keys if k is not None and k not in cache]
     if misses:
         ndims = 2 if inst.pp > 1 else 1
 
         def block():
             # the block's layers that end in an all-reduce, with no compute left
             reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
-            return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims)
+            return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims,
+                                ends=False, one_shot_below=one_shot_below)
 
         def ends():
             return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
-                                ndims=ndims)
+                                ndims=ndims, ends=False)
 
         def hop():
             return stage_transfer_graphs(inst.tp, act)
 
-        builders = {"block": block, "ends": ends, "hop": hop}
+        builders = {"block": block, "ends": ends, "hop": hop,
+                    "embed": lambda: tp_collective_graphs(inst.tp, "all_reduce", act, ndims,
+                                                          one_shot_below),
+                    "gather": lambda: tp_collective_graphs(inst.tp, "all_gather",
+                                                           logits_bytes, ndims)}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
             cache.clear()
         cycles = run_many([(key[0], builders[key[0]]) for key in misses])
         cache.update(zip(misses, cycles, strict=True))
     t_ends = sum(t for _, t in lt.prologue) + sum(t for _, t in lt.head)
-    t_ends += cache[ends_key] if ends_key else 0
+    t_ends += sum(cache[k] for k in (ends_key, embed_key, gather_key) if k)
     t_block = compute_ns + (cache[block_key] if block_key else 0)
     t_hop = cache[hop_key] if hop_key else 0
     return t_ends + lt.num_blocks * t_block + (inst.pp - 1) * t_hop
@@ -162,6 +216,8 @@ class _GraphBackend(ABC):
         # id(inst.network) -> (network, memory, key, cache); holding the network keeps
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
+        # id(inst) -> (inst, custom_all_reduce_below(inst))
+        self._one_shot: dict[int, tuple] = {}
 
     @abstractmethod
     def run_many(self, network, memory: dict, jobs: list,
@@ -203,10 +259,15 @@ class _GraphBackend(ABC):
 
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
         network, memory, key, cache = self._context(inst)
+        one_shot = self._one_shot.get(id(inst))
+        if one_shot is None or one_shot[0] is not inst:
+            if len(self._one_shot) > 1024:
+                self._one_shot.clear()
+            one_shot = self._one_shot[id(inst)] = (inst, custom_all_reduce_below(inst))
         return decomposed_iteration_ns(
             lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
-            cache)
+            cache, _logits_bytes(inst, shape), one_shot[1])
 
     def reuse_entries(self) -> int:
         """Iteration parts remembered so far, over every network."""
@@ -220,6 +281,7 @@ class _GraphBackend(ABC):
     def close(self) -> None:
         self._reuse.clear()
         self._inst_keys.clear()
+        self._one_shot.clear()
 
 
 class AstraInprocBackend(_GraphBackend):

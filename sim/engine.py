@@ -26,7 +26,7 @@ from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_provi
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
-from sim.moe_wave import MoEWave
+from sim.moe_wave import MoEWave, cudagraph_size, default_max_cudagraph_capture_size
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
@@ -113,6 +113,18 @@ def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: S
     return prov
 
 
+def cudagraph_padding(opts: SimOptions) -> list[int] | None:
+    """vLLM 0.19's CUDA-graph padding table for ``opts`` (entry t: the capture size a t-token
+    step runs as, up to max_cudagraph_capture_size, default min(2 x max_num_seqs, 512));
+    None in eager mode (max_cudagraph_capture_size 0)."""
+    cap = opts.max_cudagraph_capture_size
+    if cap is None:
+        cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
+    if cap <= 0:
+        return None
+    return [0] + [cudagraph_size(t, cap) for t in range(1, cap + 1)]
+
+
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
     validate_cluster(cluster, opts)
     check_links(cluster)
@@ -130,6 +142,7 @@ def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRu
             blocks = int(pim.capacity_GiB * GiB // (model.kv_bytes_per_token(1, 1) * o.block_size))
         kv = KVCacheManager(blocks, o.block_size, o.enable_prefix_caching)
         provider = _resolve_provider(o.latency_provider, inst, model, o, cluster.source)
+        provider.set_cudagraph_padding(cudagraph_padding(o))
         out.append(InstanceRuntime(inst.instance_id, inst, model, o, inst.tp_size, inst.pp_size,
                                    blocks, provider, Scheduler(inst.instance_id, o, kv), pim=pim,
                                    network=instance_topology(cluster, inst),

@@ -65,6 +65,9 @@ class HardwareSpec:
     #: what one `vllm serve` without multi-node flags can use (``llmsim bench``'s bound on
     #: dp x tp x pp). None = not catalogued.
     devices_per_node: int | None = None
+    #: whether two GPUs of this kind reach each other's memory directly (CUDA peer access:
+    #: NVLink, or PCIe P2P where the card allows it); vLLM's custom all-reduce needs it
+    peer_access: bool = False
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -128,6 +131,10 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                          f"{per_node!r}", source=source)
     cc = d.get("compute_capability")
     link_type = str(d.get("link_type") or "")
+    peer = d.get("peer_access", link_type.lower().startswith("nvlink"))
+    if not isinstance(peer, bool):
+        raise InputError(f"field 'peer_access' must be true or false, got {peer!r}",
+                         source=source)
     derived = "Switch" if link_type.lower().startswith(("nvlink", "pcie")) else "Ring"
     topo = d.get("link_topology", derived)
     if topo not in ("Ring", "FullyConnected", "Switch"):
@@ -164,6 +171,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                             else int(opt["mem_reported_bytes"])),
         num_sms=sms,
         devices_per_node=per_node,
+        peer_access=peer,
         source=source,
     )
 

@@ -209,10 +209,19 @@ class SimOptions:
         choices=ALL2ALL_BACKENDS, knob=Knob(after="dp"),
         vllm=VllmArg("--all2all-backend",
                      needs=("--data-parallel-size", "--enable-expert-parallel")))
+    disable_custom_all_reduce: bool = option(
+        False, "vLLM's --disable-custom-all-reduce: TP all-reduces always through NCCL (a "
+        "ring). Otherwise, at tp 2 on GPUs with peer access, an all-reduce below vLLM's "
+        "custom all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) "
+        "runs as its one-stage kernel: one transfer of the whole buffer from the peer",
+        scope=INSTANCE,
+        vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True,
+                     negatable=False))
     max_cudagraph_capture_size: int | None = option(
-        None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size); DP ranks pad to "
-        "a common token count when all of them run a graph. Default: min(2 * max_num_seqs, "
-        "512); 0: eager mode", flag=None,
+        None, "largest CUDA-graph batch (vLLM's max_cudagraph_capture_size): a step of at "
+        "most that many tokens runs its token-wise layers and TP all-reduces padded to the "
+        "next capture size, and DP ranks pad to a common token count when all of them run a "
+        "graph. Default: min(2 * max_num_seqs, 512); 0: eager mode", flag=None,
         vllm=VllmArg("--max-cudagraph-capture-size", omit=(None,),
                      special=((0, ("--enforce-eager",)),)))
     pd_decode_policy: str = option(

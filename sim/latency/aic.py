@@ -476,7 +476,7 @@ class AicProvider(LatencyProvider):
         return parts
 
     def layer_times(self, shape: BatchShape) -> LayerTimes:
-        t = shape.num_tokens
+        t = self.dense_tokens(shape.num_tokens)
         prologue, block = self._dense_parts(t)
         attn = max(1, int(self.attention_ns(shape)))
         moe = self.moe_ns(t) if self.model.is_moe else 0
@@ -504,7 +504,7 @@ class AicProvider(LatencyProvider):
     def iteration_ns(self, shape: BatchShape) -> int:
         """Whole-iteration compute time on one NPU: ``layer_times(shape).total_ns()``,
         summed from memoised per-token-count sums (integers, so the same total)."""
-        t = shape.num_tokens
+        t = self.dense_tokens(shape.num_tokens)
         pro, fixed, n_attn, n_moe = self._dense_sums(t)
         attn = max(1, int(self.attention_ns(shape)))
         moe = self.moe_ns(t) if self.model.is_moe else 0

@@ -108,6 +108,28 @@ class LatencyProvider(ABC):
     exact_coverage: bool = True
     #: why ``auto`` picked this provider, or what it fell back from ("" when chosen by name)
     note: str = ""
+    #: vLLM's CUDA-graph padding (``set_cudagraph_padding``): entry t is the token count a
+    #: t-token step runs as; None: eager, every step at its own count
+    graph_pad: list[int] | None = None
+
+    def set_cudagraph_padding(self, padded: list[int] | None) -> None:
+        """Run steps as vLLM 0.19 runs them under CUDA graphs (FULL_AND_PIECEWISE): a step
+        of t <= max_cudagraph_capture_size tokens replays the graph captured for the
+        smallest capture size >= t (its input padded to that size: CudagraphDispatcher's
+        _bs_to_padded_graph_size), full for a uniform decode batch, piecewise for a mixed
+        one; larger steps run at their own count. ``padded[t]`` is that size.
+
+        The padding reaches the token-wise layers (the GEMMs, norms, activation, rotary,
+        embedding, the MoE router and experts) and the TP all-reduces between them, which
+        the graph runs over every padded row; attention runs over the real requests (the padded ones have no KV),
+        and lm_head and the sampler over the rows that produce logits (the runner gathers
+        them after the graph)."""
+        self.graph_pad = padded
+
+    def dense_tokens(self, tokens: int) -> int:
+        """The token count the token-wise layers of a ``tokens``-token step run at."""
+        pad = self.graph_pad
+        return pad[tokens] if pad is not None and tokens < len(pad) else tokens
 
     @abstractmethod
     def layer_times(self, shape: BatchShape) -> LayerTimes:

@@ -663,7 +663,7 @@ class MeasuredProvider(LatencyProvider):
         return table[-1] + self._seq_slope[name] * (seqs - len(table) + 1)
 
     def layer_times(self, shape: BatchShape) -> LayerTimes:
-        t = shape.num_tokens
+        t = self.dense_tokens(shape.num_tokens)
         if t > self._grid_tokens:
             self._note("tokens")
         if shape.num_seqs > self._grid_seqs:
@@ -686,16 +686,18 @@ class MeasuredProvider(LatencyProvider):
         """Whole-iteration compute time on one NPU: ``layer_times(shape).total_ns()``,
         from pre-summed tables (the tp=1, pp=1 fast path)."""
         t, s = shape.num_tokens, shape.num_seqs
-        if t >= len(self._dense_total) or s >= len(self._seq_total):
+        pad = self.graph_pad
+        dt = pad[t] if pad is not None and t < len(pad) else t
+        if dt >= len(self._dense_total) or s >= len(self._seq_total):
             return self.layer_times(shape).total_ns()
-        if t > self._grid_tokens:
+        if dt > self._grid_tokens:
             self._note("tokens")
         if s > self._grid_seqs:
             self._note("sequences")
         per_block = max(1, int(self.attention_ns(shape)))
         if self._moe is not None:
-            per_block += self.moe_ns(t, self.expected_active_experts(t))
-        return self._dense_total[t] + self._seq_total[s] + per_block * self.model.num_hidden_layers
+            per_block += self.moe_ns(dt, self.expected_active_experts(dt))
+        return self._dense_total[dt] + self._seq_total[s] + per_block * self.model.num_hidden_layers
 
     def extrapolations(self) -> dict[str, int]:
         return dict(self._extrap)
@@ -707,8 +709,9 @@ class MeasuredProvider(LatencyProvider):
         axes are made once and only the decode-KV lines are read per step (with the same
         float operations as the scalar path, so every value is identical)."""
         nd = shape.num_decode
+        td = self.dense_tokens(nd)
         if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
-                or self._moe is not None or nd >= len(self._dense_total)
+                or self._moe is not None or td >= len(self._dense_total)
                 or nd >= len(self._seq_total)):
             return None
         nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
@@ -732,9 +735,9 @@ class MeasuredProvider(LatencyProvider):
                     kv_notes[j] += max_notes[j]
                     tm, tx = attn[j], t_max[j]
                     attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
-        base = self._dense_total[nd] + self._seq_total[nd]
+        base = self._dense_total[td] + self._seq_total[nd]
         layers = self.model.num_hidden_layers
-        grid_notes = [axis for axis, off in (("tokens", nd > self._grid_tokens),
+        grid_notes = [axis for axis, off in (("tokens", td > self._grid_tokens),
                                              ("sequences", nd > self._grid_seqs)) if off]
         kv_booked = list(accumulate(kv_notes))
 

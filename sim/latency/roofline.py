@@ -341,7 +341,8 @@ class RooflineProvider(LatencyProvider):
 
     # -------------------------------------------------------------- protocol
     def layer_times(self, shape: BatchShape) -> LayerTimes:
-        pre, post, prologue, head_dense, _, _ = self._dense_parts(shape.num_tokens)
+        pre, post, prologue, head_dense, _, _ = self._dense_parts(
+            self.dense_tokens(shape.num_tokens))
         head, _ = self._seq_parts(shape.num_seqs)
         attn = max(1, int(self.attention_ns(shape)))
         return LayerTimes(prologue, pre + (("attention", attn),) + post, head_dense + head,
@@ -349,7 +350,7 @@ class RooflineProvider(LatencyProvider):
 
     def iteration_ns(self, shape: BatchShape) -> int:
         """Whole-iteration compute time on one NPU (sum of ``layer_times``)."""
-        _, _, _, _, dense_sum, edge_sum = self._dense_parts(shape.num_tokens)
+        _, _, _, _, dense_sum, edge_sum = self._dense_parts(self.dense_tokens(shape.num_tokens))
         _, seq_sum = self._seq_parts(shape.num_seqs)
         attn = max(1, int(self.attention_ns(shape)))
         return edge_sum + seq_sum + self.model.num_hidden_layers * (dense_sum + attn)

@@ -125,7 +125,7 @@ def test_all_reduce_volume_stays_bf16_under_w8a8():
     """vLLM's FP8 linear layers return bf16 outputs: the TP all-reduce moves bf16."""
     c = sim.parse_cluster(_cluster_dict("fp8", tp=2))
     rt = build_instances(c, sim.SimOptions(latency_provider="roofline"))[0]
-    assert _act_bytes(rt, BatchShape(100, 1, prefill_tokens=100)) == 100 * 4096 * 2
+    assert _act_bytes(rt, BatchShape(128, 1, prefill_tokens=128)) == 128 * 4096 * 2
 
 
 def test_hf_config_quantization_config(tmp_path):

@@ -8,7 +8,8 @@ import random
 import pytest
 
 import sim
-from sim.graph_generator import block_pattern, build_graphs
+from sim.backend import _act_bytes, custom_all_reduce_below
+from sim.graph_generator import block_pattern, build_graphs, logits_shard_bytes
 from sim.latency.base import BatchShape
 from sim.paths import shared_data_root
 
@@ -46,14 +47,46 @@ def test_graph_shape_for_tp_and_pp():
     s = sim.Simulator(_cluster(2, 2), sim.SimOptions(latency_provider="roofline"))
     inst = s.instances[0]
     lt = inst.provider.layer_times(_shapes(1)[0])
-    graphs = build_graphs(lt, 2, 2, 1 << 20, load_bytes=4096)
+    graphs = build_graphs(lt, 2, 2, 1 << 20, load_bytes=4096, logits_bytes=8192)
     assert sorted(graphs) == [0, 1, 2, 3]
     kinds = [[n.type for n in graphs[npu].nodes] for npu in (0, 2)]
     from astrasim import NodeType
     assert kinds[0][0] == NodeType.MEM_LOAD_NODE and kinds[0][-1] == NodeType.COMM_SEND_NODE
     assert NodeType.COMM_RECV_NODE in kinds[1] and kinds[1][-1] == NodeType.COMP_NODE
     n_ar = sum(1 for k in kinds[0] if k == NodeType.COMM_COLL_NODE)
-    assert n_ar == 2 * 16  # two all-reduces per block, 16 of the 32 blocks on stage 0
+    # the embedding's all-reduce, then two all-reduces per block, 16 of the 32 on stage 0
+    assert n_ar == 1 + 2 * 16
+    # the last stage: two per block, then the logits' all-gather before the sampler
+    names = [n.name for n in graphs[2].nodes if n.type == NodeType.COMM_COLL_NODE]
+    assert len(names) == 2 * 16 + 1 and names[-1] == "logits_all_gather"
+    assert graphs[2].nodes[-1].type == NodeType.COMP_NODE  # the sampler
+
+
+def test_tp_ends_run_vllms_embedding_all_reduce_and_logits_all_gather():
+    """vLLM 0.19 at tp > 1: VocabParallelEmbedding all-reduces its output
+    (tensor_model_parallel_all_reduce) and LogitsProcessor all-gathers every rank's vocabulary
+    shard of the logits (Platform.use_all_gather() is True on CUDA), once per step each; a
+    tp=2 iteration costs its blocks' all-reduces plus those two collectives."""
+    from sim.graph_generator import tp_collective_graphs
+
+    s = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"))
+    inst = s.instances[0]
+    engine = s.backend._engine(inst)
+    shape = BatchShape(128, 128, 0, 0, 128, 128 * 1000, 1000, 1000)
+    lt = inst.provider.layer_times(shape)
+    act = 128 * 4096 * 2
+    shard = logits_shard_bytes(128256, 2, 128, 2)
+    assert shard == 128 * 64128 * 2  # 128,256 is a multiple of 64: no vocabulary padding
+    assert logits_shard_bytes(151937, 2, 1, 2) == (151936 + 64) // 2 * 2
+    below = custom_all_reduce_below(inst)  # H100 x 2: vLLM's custom all-reduce below 8 MiB
+    assert below == 8 << 20
+    blocks_only = max(r.cycles for r in engine.run(
+        build_graphs(lt, 2, 1, act, ends=False, one_shot_below=below)).values())
+    ar = max(r.cycles for r in engine.run(
+        tp_collective_graphs(2, "all_reduce", act, one_shot_below=below)).values())
+    ag = max(r.cycles for r in engine.run(tp_collective_graphs(2, "all_gather", shard)).values())
+    assert ar > 0 and ag > ar  # the logits shard is larger than the activations
+    assert s.backend.iteration_ns(inst, shape) == blocks_only + ar + ag
 
 
 @pytest.mark.parametrize("tp,pp,model", [(1, 1, LLAMA), (2, 1, LLAMA), (4, 1, LLAMA),
@@ -65,8 +98,11 @@ def test_layer_block_reuse_equals_the_full_graph(tp, pp, model):
     engine = s.backend._engine(inst)
     for shape in _shapes():
         lt = inst.provider.layer_times(shape)
-        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-        full = max(r.cycles for r in engine.run(build_graphs(lt, tp, pp, act, 8192)).values())
+        act = _act_bytes(inst, shape)  # the step's rows, CUDA-graph padding included
+        logits = logits_shard_bytes(inst.model.vocab_size, tp, shape.num_seqs, 2)
+        full = max(r.cycles for r in engine.run(build_graphs(
+            lt, tp, pp, act, 8192, logits_bytes=logits,
+            one_shot_below=custom_all_reduce_below(inst))).values())
         assert s.backend.iteration_ns(inst, shape, 8192) == full
 
 
@@ -181,10 +217,13 @@ def test_reused_parts_with_tier_loads_equal_the_full_graph():
     for i, shape in enumerate(_shapes(30, seed=3)):
         load = (i % 3) * 65536
         lt = inst.provider.layer_times(shape)
-        act = shape.num_tokens * inst.model.hidden_size * inst.model.dtype_bytes
-        full = max(r.cycles for r in engine.run(build_graphs(lt, 2, 2, act, load)).values())
+        act = _act_bytes(inst, shape)  # the step's rows, CUDA-graph padding included
+        logits = logits_shard_bytes(inst.model.vocab_size, 2, shape.num_seqs, 2)
+        full = max(r.cycles for r in engine.run(build_graphs(
+            lt, 2, 2, act, load, logits_bytes=logits,
+            one_shot_below=custom_all_reduce_below(inst))).values())
         assert s.backend.iteration_ns(inst, shape, load) == full
-    assert 0 < s.backend.reuse_entries() < 3 * 30
+    assert 0 < s.backend.reuse_entries() < 5 * 30  # block, ends, hop, embedding, logits
 
 
 def test_single_npu_iterations_need_no_astra_sim_process():
@@ -210,7 +249,9 @@ def test_only_communication_is_sent_to_astra_sim():
         shapes = _shapes(20, seed=5)
         for shape in shapes:
             backend.iteration_ns(inst, shape)
-        assert backend.exchanges == len({sh.num_tokens for sh in shapes})
+        # (one per distinct activation size: the step's rows after CUDA-graph padding)
+        assert backend.exchanges == len({inst.provider.dense_tokens(sh.num_tokens)
+                                         for sh in shapes})
     finally:
         backend.close()
 
@@ -231,6 +272,10 @@ def test_astra_sim_process_runs_on_the_client_core():
             s = sim.Simulator(_cluster(2, 1), sim.SimOptions(latency_provider="roofline"),
                               backend=backend)
             cycles[same_core] = [backend.iteration_ns(s.instances[0], sh) for sh in _shapes()]
+            # an iteration's several new parts go out in one exchange (overlapping: any CPU);
+            # a single graph set is what holds the process to the client's core
+            from sim.graph_generator import tp_collective_graphs
+            backend.run_graphs(s.instances[0].network, tp_collective_graphs(2, "all_reduce", 4096))
             (proc, _), = backend._procs.values()
             allowed = os.sched_getaffinity(proc.pid)
             if same_core:
@@ -315,3 +360,58 @@ def test_a_subprocess_backend_names_its_folder_by_pid_and_sweeps_on_start(tmp_pa
     finally:
         b.close()
     assert not b.workdir.exists()
+
+
+def _pro6000_tp2(**opts):
+    c = sim.parse_cluster({"num_nodes": 1, "link_bw": 16, "link_latency": 20000, "nodes": [{
+        "num_instances": 1, "cpu_mem": {"mem_size": 64, "mem_bw": 50, "mem_latency": 0},
+        "instances": [{"model_name": LLAMA, "hardware": "RTXPRO6000",
+                       "npu_mem": {"mem_size": 96, "mem_bw": 1597, "mem_latency": 0},
+                       "num_npus": 2, "tp_size": 2}]}]})
+    return sim.Simulator(c, sim.SimOptions(latency_provider="roofline", **opts))
+
+
+def test_tp2_all_reduce_is_vllms_one_stage_custom_kernel_below_its_limit():
+    """vLLM 0.19 at TP 2 on GPUs with peer access (RTX PRO 6000: PCIe P2P) all-reduces
+    inputs below 8 MiB with its custom kernel, one-stage for two ranks: one transfer of the
+    whole buffer from the peer (one message on the link), where NCCL's ring sends two of
+    half the size. At 8 MiB and above, and with --disable-custom-all-reduce, the ring."""
+    from sim.graph_generator import tp_collective_graphs
+
+    s = _pro6000_tp2()
+    inst = s.instances[0]
+    assert custom_all_reduce_below(inst) == 8 << 20
+    engine = s.backend._engine(inst)
+
+    def cycles(graphs):
+        return max(r.cycles for r in engine.run(graphs).values())
+
+    lat, bw = 20000, 16 * (1 << 30) / 1e9  # the file's link: ns per message, bytes per ns
+    small = 1 << 20
+    one_shot = cycles(tp_collective_graphs(2, "all_reduce", small, one_shot_below=8 << 20))
+    ring = cycles(tp_collective_graphs(2, "all_reduce", small))
+    assert abs(one_shot - (lat + small / bw)) < 100   # one message of the whole buffer
+    assert abs(ring - (2 * lat + small / bw)) < 3000  # two of half (plus the reduction)
+    big = 16 << 20
+    assert cycles(tp_collective_graphs(2, "all_reduce", big, one_shot_below=8 << 20)) == \
+        cycles(tp_collective_graphs(2, "all_reduce", big))
+    # a decode step: every all-reduce one message shorter than the ring's
+    shape = BatchShape(64, 64, 0, 0, 64, 64 * 512, 512, 512)
+    eager_ring = _pro6000_tp2(disable_custom_all_reduce=True)
+    assert custom_all_reduce_below(eager_ring.instances[0]) == 0
+    saved = eager_ring.backend.iteration_ns(eager_ring.instances[0], shape) \
+        - s.backend.iteration_ns(inst, shape)
+    assert abs(saved - (2 * inst.model.num_hidden_layers + 1) * lat) < 70 * 3000
+
+
+def test_no_custom_all_reduce_without_peer_access_or_beyond_two_ranks():
+    four090 = sim.Simulator(sim.parse_cluster({
+        "num_nodes": 1, "link_bw": 16, "link_latency": 1000, "nodes": [{
+            "num_instances": 1, "cpu_mem": {"mem_size": 64, "mem_bw": 50, "mem_latency": 0},
+            "instances": [{"model_name": LLAMA, "hardware": "RTX4090",
+                           "npu_mem": {"mem_size": 24, "mem_bw": 1008, "mem_latency": 0},
+                           "num_npus": 2, "tp_size": 2}]}]}),
+        sim.SimOptions(latency_provider="roofline"))
+    assert custom_all_reduce_below(four090.instances[0]) == 0  # GeForce: no P2P
+    h100x4 = sim.Simulator(_cluster(4, 1), sim.SimOptions(latency_provider="roofline"))
+    assert custom_all_reduce_below(h100x4.instances[0]) == 0

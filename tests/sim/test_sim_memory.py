@@ -252,3 +252,18 @@ def test_log_lines_are_worded_like_vllm_0_19():
                          2048, 256)
     assert (f"Overriding num_gpu_blocks={b.num_blocks} with num_gpu_blocks_override=1000"
             in over.log_lines())
+
+
+def test_rtx_pro_6000_budget_is_a_share_of_what_cuda_reports():
+    """vLLM's requested memory is gpu_memory_utilization x the total CUDA reports, 94.97 GiB
+    on an RTX PRO 6000 Blackwell (PyTorch's OOM message), not the nominal 96 GiB."""
+    from sim.cluster import GiB as _GiB
+    from sim.hardware import load_hardware
+
+    assert f"{load_hardware('RTXPRO6000').mem_visible_fraction * 96:.2f}" == "94.97"
+    c = sim.parse_cluster({"num_nodes": 1, "link_bw": 16, "link_latency": 1000, "nodes": [{
+        "num_instances": 1, "cpu_mem": {"mem_size": 64, "mem_bw": 50, "mem_latency": 0},
+        "instances": [{"model_name": "meta-llama/Llama-3.1-8B", "hardware": "RTXPRO6000",
+                       "npu_mem": {"mem_size": 96, "mem_bw": 1597, "mem_latency": 0},
+                       "num_npus": 1}]}]})
+    assert f"{device_total_bytes(c.instances[0]) / _GiB:.2f}" == "94.97"

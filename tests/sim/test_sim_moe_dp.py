@@ -531,3 +531,22 @@ def test_eager_wave_exchanges_each_ranks_own_tokens_at_the_largest_share():
     per_layer = _ag_rs_ns(s, 2, 1100, model)
     assert all(r.comm_ns == model.num_hidden_layers * per_layer for r in step.ranks)
     s.close()
+
+
+def test_sequence_parallel_swap_replaces_the_all_reduce_the_step_runs():
+    """The swap subtracts the TP all-reduce as the step runs it: on two H100s (peer access)
+    below 8 MiB that is vLLM's one-stage custom all-reduce, not the ring."""
+    from sim.backend import custom_all_reduce_below
+    from sim.graph_generator import tp_collective_graphs
+
+    s, _ = _wave(_cluster(tp=2, ep=4))
+    lead = s.instances[0]
+    below = custom_all_reduce_below(lead)
+    assert below == 8 << 20
+    row = lead.model.hidden_size * lead.model.dtype_bytes
+    run = s.backend.run_graphs
+    ag = run(lead.network, tp_collective_graphs(2, "all_gather", 32 * row))
+    ar = run(lead.network, tp_collective_graphs(2, "all_reduce", 64 * row,
+                                                one_shot_below=below))
+    assert s.moe_wave._tp_swap_ns(lead, 64) == ag - ar
+    s.close()
