@@ -24,7 +24,7 @@ from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
-from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
+from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave
 from sim.options import SimOptions
@@ -400,7 +400,7 @@ class _Run:
         self.power = PowerModel(sim.cluster, opts.timeseries_interval_ns)
         self.steps: dict[int, list[tuple[int, int, int, int]]] = {}
         self.series = TimeSeries(opts.timeseries_interval_ns)
-        self.itl: list[int] = []
+        self.itl = GapRuns()
         self._init_arrivals(workload, heads)
         self._init_units()
         self.gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,

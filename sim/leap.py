@@ -28,6 +28,7 @@ from itertools import accumulate, chain, islice
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
+from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
@@ -314,7 +315,7 @@ def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: list[int]) -> Batch | None:
+               completion_ns: list[int], itl_sink: GapRuns) -> Batch | None:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
     return the batch of the last step when it is still in flight. Sync: completion k is
@@ -348,7 +349,7 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
 
 
 def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
-                 itl_sink: list[int]) -> None:
+                 itl_sink: GapRuns) -> None:
     """Set each request's counters after ``steps`` steps and the completions; each
     completion gives every request one token: its inter-token gaps in the order
     ``Scheduler.complete`` appends them (a request without output gets its first token
@@ -383,10 +384,12 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         r.finish_ns = r.last_token_ns = first
         g = first - last_token if plan.output0[i] else 0
         r.itl_max_ns = g if g > itl_max else itl_max
-    itl_sink.extend(first_gaps)
+    add = itl_sink.add
+    for g in first_gaps:
+        add(g)
     n = plan.num_stay
     for g in gaps:
-        itl_sink.extend([g] * n)
+        add(g, n)
 
 
 def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:

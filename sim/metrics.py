@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,14 +60,7 @@ def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
 
 def _percentile(s: list, q: float) -> float:
     """numpy's default ('linear') percentile ``q`` of the sorted ``s``, in ms from ns."""
-    n = len(s)
-    vi = (n - 1) * (q / 100)
-    lo = math.floor(vi)
-    a = s[lo] / 1e6
-    b = s[min(lo + 1, n - 1)] / 1e6
-    g = vi - lo
-    d = b - a
-    return b - d * (1 - g) if g >= 0.5 else a + d * g
+    return _percentile_at(s.__getitem__, len(s), q)
 
 
 def stats_ms(values_ns) -> dict[str, float]:
@@ -81,6 +76,79 @@ def stats_ms(values_ns) -> dict[str, float]:
     # x -> x / 1e6 is monotone, so the values sort as their ms do
     s = sorted(values_ns)
     return {"mean": mean, **{f"p{p}": _percentile(s, p) for p in PERCENTILES}}
+
+
+#: gaps from which the mean is summed with numpy (its import costs less than the
+#: pure-Python pairwise sum beyond this; both give the same bits)
+NUMPY_FROM = 300_000
+
+
+class GapRuns:
+    """Inter-token gaps (ns) in the order they occur, run-length encoded: ``values[k]``
+    repeated ``counts[k]`` times. A step gives most of its requests the same gap (each
+    step of an event leap gives all of them one), so runs are long; the order is kept
+    because the mean is summed in numpy's (pairwise) order."""
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.counts: list[int] = []
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def add(self, gap: int, count: int = 1) -> None:
+        values = self.values
+        if values and values[-1] == gap:
+            self.counts[-1] += count
+        else:
+            values.append(gap)
+            self.counts.append(count)
+
+    def expanded(self) -> list[int]:
+        """Every gap, in order."""
+        out: list[int] = []
+        for v, c in zip(self.values, self.counts):
+            out += [v] * c
+        return out
+
+    def stats_ms(self) -> dict[str, float]:
+        """``stats_ms`` of the expanded gaps, without expanding them for the percentiles."""
+        values, counts = self.values, self.counts
+        n = sum(counts)
+        if not n:
+            return stats_ms([])
+        if n >= NUMPY_FROM:
+            import numpy as np
+
+            ms = np.repeat(np.asarray(values, dtype=np.float64) / 1e6, counts)
+            total = float(np.add.reduce(ms))
+        else:
+            ms = []
+            for v, c in zip(values, counts):
+                ms += [v / 1e6] * c
+            total = _pairwise_sum(ms, 0, n)
+        order = sorted(range(len(values)), key=values.__getitem__)
+        ends = list(accumulate(counts[k] for k in order))
+        sorted_values = [values[k] for k in order]
+
+        def at(i: int) -> int:  # the i-th smallest gap
+            return sorted_values[bisect_right(ends, i)]
+
+        return {"mean": (0.0 + total) / n,
+                **{f"p{p}": _percentile_at(at, n, p) for p in PERCENTILES}}
+
+
+def _percentile_at(at, n: int, q: float) -> float:
+    """``_percentile`` of n sorted values read through ``at(i)``."""
+    vi = (n - 1) * (q / 100)
+    lo = math.floor(vi)
+    a = at(lo) / 1e6
+    b = at(min(lo + 1, n - 1)) / 1e6
+    g = vi - lo
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
 @dataclass
@@ -186,7 +254,7 @@ def _write_csv(path: str | Path, header, rows) -> None:
         writer.writerows(rows)
 
 
-def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_s: float,
+def summarize(requests: list[Request], itl_ns: GapRuns | list[int], sim_end_ns: int, wall_s: float,
               preemptions: int, hit_tokens: int, queried_tokens: int) -> dict:
     done = [r for r in requests if r.finish_ns >= 0]
     ttft = [r.first_token_ns - r.arrival_ns for r in done]
@@ -223,7 +291,7 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
         "gen_tps": gen / span_s,
         "ttft_ms": stats_ms(ttft),
         "tpot_ms": stats_ms(tpot),
-        "itl_ms": stats_ms(itl_ns),
+        "itl_ms": itl_ns.stats_ms() if isinstance(itl_ns, GapRuns) else stats_ms(itl_ns),
         "latency_ms": stats_ms(lat),
         "engine_ttft_ms": stats_ms(engine_ttft),
         "engine_latency_ms": stats_ms(engine_lat),

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from sim_testkit import cluster_dict, make_bundle
 
-from sim.metrics import PERCENTILES, stats_ms
+import sim.metrics
+from sim.metrics import PERCENTILES, GapRuns, stats_ms
 
 # Never on the `llmsim run` path (the DSE driver's and the reports' libraries).
 HEAVY = ("pandas", "plotly", "mlflow", "ray", "optuna", "scipy", "torch", "aiconfigurator_core")
@@ -96,6 +97,28 @@ def test_stats_are_numpys_bit_for_bit(n):
         got = stats_ms(values)
         assert got == want  # exact: not approx
         assert all(type(v) is float for v in got.values())
+
+
+@pytest.mark.parametrize("numpy_from", [0, 1 << 62])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 129, 1000, 20001])
+def test_gap_runs_give_the_stats_of_every_gap(n, numpy_from, monkeypatch):
+    """The inter-token gaps kept as runs: the same statistics, bit for bit, as the list of
+    every gap (through numpy's sum and through the pure-Python one)."""
+    monkeypatch.setattr(sim.metrics, "NUMPY_FROM", numpy_from)
+    rng = random.Random(n)
+    runs = GapRuns()
+    every: list[int] = []
+    while len(every) < n:
+        gap = rng.choice([rng.randint(1, 10**9), 5_000_000, 7_250_001])
+        count = min(n - len(every), rng.choice([1, 1, 3, 16, 200]))
+        runs.add(gap, count)
+        every += [gap] * count
+    assert runs.expanded() == every and len(runs) == n
+    got, want = runs.stats_ms(), stats_ms(every)
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] or (got[k] != got[k] and want[k] != want[k]) for k in got)
+    assert len(runs.values) <= n  # equal neighbours share a run
+    assert all(a != b for a, b in zip(runs.values, runs.values[1:]))
 
 
 def test_stats_of_nothing_are_nan():
