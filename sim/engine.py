@@ -477,6 +477,8 @@ class _Run:
         # before it (a short decode step cannot overtake a long prefill chunk).
         self.last_out = [0] * n_units
         self.leap_unit = [self._leapable(u) for u in range(n_units)]
+        #: per instance, the last leap's last step time (sizes the next leap's first chunk)
+        self.last_step_ns = [0] * len(self.instances)
 
     # ------------------------------------------------------------------ event core
     def loop(self) -> RunResult:
@@ -778,40 +780,48 @@ class _Run:
         flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
         n = plan.num_stay
-        durations: list[int] = []
+        max_done = plan.max_completions
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
             t, limit = self.now, plan.max_steps
         else:  # async: step j runs after the step in flight, completions start with it
             completions = [own_step[0]]
-            t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
-        timer = getattr(self.backend, "decode_stretch", None)
-        if limit < 2:
-            timer = None
-        stretch, lo, chunk = None, 0, 16  # timed in chunks (16 steps, doubling)
-        for j in range(limit):
-            if timer is not None:
-                if j == lo + (len(stretch.durations) if stretch is not None else 0):
-                    if stretch is not None:
-                        stretch.record(len(stretch.durations))
-                    lo, stretch = j, timer(inst, step_shape(plan, n, j), min(chunk, limit - j))
-                    chunk *= 2
-                    if stretch is None:
-                        timer = None
-            if stretch is not None:
-                d = stretch.durations[j - lo]
+            t, limit = own_step[0], min(plan.max_steps, max_done)
+        timer = getattr(self.backend, "decode_stretch", None) if limit >= 2 else None
+        # Timed in chunks; the first sized for the steps the last step's time lets fit
+        # before the horizon (any chunking gives the same durations).
+        last = self.last_step_ns[idx]
+        chunk = max(2, (horizon - t) // last + 2) if last > 0 else 16
+        durations: list[int] = []
+        append, complete = durations.append, completions.append
+        j = 0
+        while j < limit:
+            shape = step_shape(plan, n, j)
+            stretch = timer(inst, shape, min(chunk, limit - j)) if timer is not None else None
+            if stretch is None:
+                timer = None
+                chunk_ns = [self.backend.iteration_ns(inst, shape, 0)]
             else:
-                d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
-            d = d if d > 1 else 1
-            durations.append(d)
-            end = t + d
-            if end >= horizon or len(completions) == plan.max_completions or (
-                    own_step is not None and j + 1 == limit):
+                chunk_ns = stretch.durations
+                chunk *= 2
+            lo = j
+            stop = False
+            for d in chunk_ns:
+                d = d if d > 1 else 1
+                append(d)
+                j += 1
+                end = t + d
+                if end >= horizon or len(completions) == max_done or (
+                        own_step is not None and j == limit):
+                    stop = True
+                    break
+                complete(end)
+                t = end
+            if stretch is not None:
+                stretch.record(j - lo)
+            if stop:
                 break
-            completions.append(end)
-            t = end
-        if stretch is not None:
-            stretch.record(len(durations) - lo)
+        self.last_step_ns[idx] = durations[-1]
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
