@@ -833,13 +833,18 @@ class _Run:
         n = len(sch.running)
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
-        for k, t in enumerate(completions):
-            free = plan.free0 + plan.freed - plan.pops_through[k]  # (freed at the first)
-            if k == 0 and in_flight is not None:  # it may finish prompts
-                self.series.record(t, in_flight.prefill_tokens, in_flight.decode_tokens, n,
-                                   waiting, (usable - free) / usable)
-            else:
-                self.series.record(t, 0, n, n, waiting, (usable - free) / usable)
+        free0, pops_through = plan.free0 + plan.freed, plan.pops_through  # (freed at the first)
+
+        def kv_usage(k: int) -> float:  # after completion k
+            return (usable - (free0 - pops_through[k])) / usable
+
+        first = 0
+        if completions and in_flight is not None:  # it may finish prompts
+            self.series.record(completions[0], in_flight.prefill_tokens,
+                               in_flight.decode_tokens, n, waiting, kv_usage(0))
+            first = 1
+        self.series.record_decode_steps(completions[first:], n, n, waiting,
+                                        lambda k: kv_usage(k + first))
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:

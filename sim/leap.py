@@ -406,30 +406,43 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     running = sch.running
     n = len(running) + 1  # index len(running): the leaving requests' blocks freed
     leaving = set(plan.leaving)
-    keys = _candidates(sch, plan, steps, done, n)
-    keys.sort()
+    keys = sorted(set(_candidates(sch, plan, steps, done, n)))
     computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
-    prev = -1
+    free, ref, block_hash = kv.free, kv.ref, kv.block_hash
+    recycled = free.recycled
+    cache_blocks = kv.cache_blocks
     for key in keys:
-        if key == prev:
-            continue
-        prev = key
         phase, i = divmod(key, n)
         if i == n - 1:
             for i in plan.leaving:
                 kv.free_request(running[i])
             continue
         r = running[i]
-        if phase % 2 == 0:
-            j = phase // 2
+        if not phase & 1:
+            # KVCacheManager.grow_one, inline: a block when the step's token starts one,
+            # and the full blocks among the tokens known cached
+            j = phase >> 1
             c = r.num_computed = computed0[i] + j
             o = r.num_output = output0[i] + j
-            known = r.input_len + o
-            if c >= len(r.block_ids) * bs or (caching and (
-                    c + 1 if c < known else known) // bs > (r.cached_hashes or 0)):
-                if not kv.grow_one(r):
+            bids = r.block_ids
+            if c >= len(bids) * bs:
+                bid = free.next_fresh
+                if bid < free.end:
+                    free.next_fresh = bid + 1
+                elif recycled:
+                    bid = recycled.popitem(last=False)[0]
+                    if block_hash[bid] is not None:
+                        kv._evict(bid)
+                else:
                     raise RuntimeError("event leap: a planned block allocation failed")
+                ref[bid] = 1
+                bids.append(bid)
+            if caching:
+                known = r.input_len + o
+                m = c + 1 if c < known else known
+                if m // bs > (r.cached_hashes or 0):
+                    cache_blocks(r, m)
         else:
             k = (phase + 1) // 2
             c = r.num_computed = computed0[i] + k
@@ -438,7 +451,7 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
                 r.num_computed = computed0[i]
                 c = computed0[i] + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
-                kv.cache_blocks(r, c - ph)
+                cache_blocks(r, c - ph)
     if free_before - kv.num_free != plan.pops_through[steps - 1] - plan.freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
 

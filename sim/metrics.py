@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
@@ -164,14 +164,36 @@ class TimeSeries:
     #: power columns (W per bucket) when the cluster models power
     power: dict[str, list[float]] = field(default_factory=dict)
 
-    def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
-        b = t_ns // self.interval_ns
+    def _extend_to(self, b: int) -> None:
+        """Buckets up to ``b``: no tokens, the last-seen state carried over."""
         while len(self.prompt) <= b:
             self.prompt.append(0)
             self.gen.append(0)
             self.running.append(self.running[-1] if self.running else 0)
             self.waiting.append(self.waiting[-1] if self.waiting else 0)
             self.kv.append(self.kv[-1] if self.kv else 0.0)
+
+    def record_decode_steps(self, times_ns: list[int], gen: int, running: int, waiting: int,
+                            kv_at) -> None:
+        """``record(t, 0, gen, running, waiting, kv_at(k))`` for each ``t = times_ns[k]``
+        (increasing), a bucket at a time: its tokens added at once, its state the last."""
+        interval = self.interval_ns
+        lo, n = 0, len(times_ns)
+        while lo < n:
+            b = times_ns[lo] // interval
+            hi = bisect_left(times_ns, (b + 1) * interval, lo)
+            if len(self.prompt) <= b:
+                self._extend_to(b)
+            self.gen[b] += gen * (hi - lo)
+            self.running[b] = running
+            self.waiting[b] = waiting
+            self.kv[b] = kv_at(hi - 1)
+            lo = hi
+
+    def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
+        b = t_ns // self.interval_ns
+        if len(self.prompt) <= b:
+            self._extend_to(b)
         self.prompt[b] += prompt
         self.gen[b] += gen
         self.running[b] = running
