@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice
+from operator import mul
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
@@ -96,46 +97,10 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     if head_hit is False:
         return None
     running = sch.running
-    ph = 1 if sch.async_scheduling else 0
-    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
-    bs = sch.kv.block_size
-    room = sch.max_model_len
-    computed0: list[int] = []
-    output0: list[int] = []
-    firsts: list[int] = []
-    # No completion in the stretch may finish a request (its output length or max_model_len).
-    max_completions = 1 << 62
-    kv_max = kv_sum = kv_sq = 0
-    kv_min = 1 << 62
-    leaving: list[int] = []
-    for r, q in zip(running, in_flight.requests if ph else running):
-        c0 = r.num_computed
-        o0 = r.num_output
-        inp = r.input_len
-        if (q is not r or r.status != RUNNING or r.num_placeholders != ph or o0 < first
-                or c0 < inp or inp + o0 + ph - c0 != 1):
-            return None
-        computed0.append(c0)
-        output0.append(o0)
-        left = r.output_len - o0
-        if room - inp - o0 < left:
-            left = room - inp - o0
-        if left == 1 and ph:
-            leaving.append(len(firsts))
-            firsts.append(NEVER)
-            continue
-        if left < max_completions:
-            max_completions = left
-        kv_sum += c0
-        kv_sq += c0 * c0
-        if c0 > kv_max:
-            kv_max = c0
-        if c0 < kv_min:
-            kv_min = c0
-        firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
-    max_completions -= 1
-    if max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running):
+    counters = _steady_counters(sch, in_flight)
+    if counters is None:
         return None
+    computed0, output0, firsts, leaving, max_completions, kv_sum, kv_max, kv_min, kv_sq = counters
     freed = _freed_blocks(sch, [running[i] for i in leaving])
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, len(freed))
     head_lookup = None
@@ -155,6 +120,49 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
                     stay)
+
+
+def _steady_counters(sch: Scheduler, in_flight: Batch | None):
+    """``plan_leap``'s pass over the running requests (a few passes, each in C where it
+    can be): None unless each is in steady decode; else their computed and output
+    counters, the step at which each starts its next block, the leaving ones, the
+    completions before the first finish, and the staying ones' decode-KV sum, max, min
+    and sum of squares."""
+    running = sch.running
+    ph = 1 if sch.async_scheduling else 0
+    if ph and in_flight.requests != running:  # (Requests compare by identity)
+        return None
+    if any(r.status != RUNNING or r.num_placeholders != ph for r in running):
+        return None
+    computed0 = [r.num_computed for r in running]
+    output0 = [r.num_output for r in running]
+    # (async) a prompt finishing in flight has no output yet; with one token to compute
+    # and o0 + ph >= 1, c0 >= input_len follows
+    if min(output0) < 1 - ph or any(r.input_len + o + ph - c != 1
+                                    for r, c, o in zip(running, computed0, output0)):
+        return None
+    room = sch.max_model_len
+    # No completion in the stretch may finish a request (its output length or max_model_len).
+    lefts = [(r.output_len if r.output_len < room - r.input_len else room - r.input_len) - o
+             for r, o in zip(running, output0)]
+    bs = sch.kv.block_size
+    firsts = [len(r.block_ids) * bs - c for r, c in zip(running, computed0)]
+    leaving = [i for i, left in enumerate(lefts) if left == 1] if ph else []
+    if leaving:
+        stay = [i for i, left in enumerate(lefts) if left != 1]
+        if not stay:
+            return None
+        for i in leaving:
+            firsts[i] = NEVER
+        stay_computed = [computed0[i] for i in stay]
+        max_completions = min(lefts[i] for i in stay) - 1
+    else:
+        stay_computed = computed0
+        max_completions = min(lefts) - 1
+    if max_completions < 1 or min(firsts) < 0:
+        return None
+    return (computed0, output0, firsts, leaving, max_completions, sum(stay_computed),
+            max(stay_computed), min(stay_computed), sum(map(mul, stay_computed, stay_computed)))
 
 
 def _head_hit(sch: Scheduler):
@@ -360,14 +368,17 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
     before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in plan.leaving]
-    first_gaps = []
-    append = first_gaps.append
+    values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
         r.num_computed = c0 + steps
         r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
-            append(g)
+            if values and values[-1] == g:
+                counts[-1] += 1
+            else:
+                values.append(g)
+                counts.append(1)
             m = g if g > common_max else common_max
         else:
             r.first_token_ns = first
@@ -385,8 +396,6 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         g = first - last_token if plan.output0[i] else 0
         r.itl_max_ns = g if g > itl_max else itl_max
     add = itl_sink.add
-    for g in first_gaps:
-        add(g)
     n = plan.num_stay
     for g in gaps:
         add(g, n)
