@@ -484,16 +484,22 @@ class _Run:
     def loop(self) -> RunResult:
         max_time = self.opts.max_sim_time_ns
         self.progress = _Progress(len(self.all_reqs)) if self.opts.progress else None
+        pending, in_flight = self.pending, self.in_flight
         while self.remaining > 0:
             t_next = self._next_event_time()
             if t_next > self.now:
                 self.now = t_next
-            if max_time is not None and self.now > max_time:
+            now = self.now
+            if max_time is not None and now > max_time:
                 break
-            self._route_due()
-            self._retire_due()
-            # Arrivals released at exactly `now` by completions are routed before scheduling.
-            self._route_due()
+            if pending and pending[0][0] <= now:
+                self._route_due()
+            if in_flight and in_flight[0][0] <= now:
+                self._retire_due()
+                # Arrivals released at exactly `now` by completions are routed before
+                # scheduling.
+                if pending and pending[0][0] <= now:
+                    self._route_due()
             self._schedule_units()
         if self.progress is not None:
             self.progress.close()
