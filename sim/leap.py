@@ -415,7 +415,7 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     running = sch.running
     n = len(running) + 1  # index len(running): the leaving requests' blocks freed
     leaving = set(plan.leaving)
-    keys = sorted(set(_candidates(sch, plan, steps, done, n)))
+    keys = sorted(set(_candidates(sch, plan, steps, n)))
     computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
     free, ref, block_hash = kv.free, kv.ref, kv.block_hash
@@ -465,12 +465,15 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, n: int) -> list[int]:
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
     steps from ``plan.firsts``); a block fills when the tokens to cache cross a multiple
     of the block size, or at once when its cache lags at the start. A leaving request
-    has only the first completion, after which its blocks are freed (index n - 1)."""
+    has only the first completion, after which its blocks are freed (index n - 1).
+    (Async) a staying request's completion k caches what its step k - 1, scheduled
+    before it, has cached already (c0 + k - 1 tokens, c0 = input + output): only its
+    scheduling phases are candidates."""
     bs = sch.kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
@@ -483,8 +486,6 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
         keys.append(2 * n - 1)
     if not sch.kv.enable_prefix_caching:
         return keys
-    async_ = sch.async_scheduling
-    done_end = (2 * done - 1) * n + n
     leaving = set(plan.leaving)
     for i, r in enumerate(sch.running):
         if i in leaving:
@@ -500,12 +501,4 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
                 keys.append(i)
                 j = (-base) % bs or bs
             extend(range(2 * j * n + i, sched_end, period))
-        if async_ and done:
-            # completion k caches c0 + k - 1 tokens
-            k = (cached + 1) * bs - c0 + 1
-            if k <= done:
-                if k <= 1:
-                    keys.append(n + i)
-                    k = 1 + ((-c0) % bs or bs)
-                extend(range((2 * k - 1) * n + i, done_end, period))
     return keys
