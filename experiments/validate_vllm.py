@@ -81,12 +81,13 @@ def simulate_validation(folder: Path, latency_provider: str = "measured",
 
 def run_validation(folder: Path, latency_provider: str = "measured",
                    async_scheduling: bool | None = None, kv_blocks_from_run: bool = False,
-                   kv_blocks: int | None = None):
+                   kv_blocks: int | None = None, **option_overrides):
     """Replay one validation folder; returns (the simulator's RunResult, meta.json).
     ``async_scheduling`` None follows the run's resolved config (else the version's default).
     ``kv_blocks_from_run`` replays with the KV block count vLLM logged (its
     num_gpu_blocks_override) instead of the count the simulator derives from memory;
-    ``kv_blocks`` replays with that many."""
+    ``kv_blocks`` replays with that many; ``option_overrides`` replace any other SimOptions
+    field (a test turns event leaping off to see every step)."""
     meta = load_meta(folder)
     kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
@@ -111,7 +112,8 @@ def run_validation(folder: Path, latency_provider: str = "measured",
                           async_scheduling=async_scheduling if async_scheduling is not None
                           else meta.get("resolved_config", {}).get(
                               "scheduler_config", {}).get("async_scheduling"),
-                          latency_provider=latency_provider, **_resolved_moe_options(meta))
+                          latency_provider=latency_provider,
+                          **{**_resolved_moe_options(meta), **option_overrides})
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
     return sim.simulate(cluster, workload, opts), meta
 

@@ -28,7 +28,21 @@ as sim/memory.py computes it, and as vLLM logged it (where a log exists):
   worker's first snapshot (after the CUDA context and NCCL) and the end of profiling
   (kernel images loaded on first use, cuBLAS handles, and in 0.19 whatever the CUDA-graph
   memory profiling leaves behind, since profile_cudagraph_memory runs inside the window).
-  No code path determines it; only a log does.
+  No code path determines it; only a log does. What vLLM 0.19's code does leave in it:
+  profile_cudagraph_memory captures two graphs per mode (descs[:2]) into a temporary pool
+  and then clears them (clear_all_graphs, _cleanup_profiling_kv_cache, then
+  memory_profiling's gc.collect + empty_cache), so the graphs' pool is torch memory released
+  before the closing snapshot, and the "Estimated CUDA graph memory" is not subtracted
+  (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0). The torch peak is read before
+  the graph profiling. What is left is driver-side: kernel images, and the local-memory
+  (stack) reservation, which CUDA grows to the largest per-thread local memory of any
+  kernel launched, for every resident thread (SMs x max threads per SM), and never
+  shrinks. The latter fits the published H100 numbers in kind (TP1 workers 0.24-0.46 GiB
+  by model, PP2 workers 0.07 GiB: their NCCL warm-up launched kernels before the first
+  snapshot) but its size is a property of the compiled kernels (FlashAttention 2 on the
+  4090, FlashAttention 3 on H100, cuBLAS, the inductor/Triton kernels of the model), not
+  of vLLM's Python code or the config: the audit prints the per-thread size each logged or
+  implied term would mean, and MEASUREMENT_NEEDED says how to settle it.
 - CUDA graphs: estimated by profile_cudagraph_memory but not subtracted in 0.19 by default.
 
 The H100 cases are vLLM 0.19.0 DEBUG start-up logs published by llm-d-incubation/llm-d-planner
@@ -40,7 +54,6 @@ which logged only its block count: the non-torch term it implies is printed as a
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -179,6 +192,19 @@ def rtx4090_case(root: Path | None = None) -> Case | None:
                 source=str(meta_path))
 
 
+# Maximum resident threads per SM by compute capability (CUDA C++ Programming Guide,
+# "Technical Specifications per Compute Capability").
+MAX_THREADS_PER_SM = {"8.0": 2048, "8.6": 1536, "8.9": 1536, "9.0": 2048, "10.0": 2048,
+                      "12.0": 1536}
+
+
+def resident_threads(hardware: str) -> int:
+    """Threads the device can hold at once: the count CUDA sizes its local-memory
+    (stack) reservation for."""
+    hw = load_hardware(hardware)
+    return hw.num_sms * MAX_THREADS_PER_SM[str(hw.compute_capability)]
+
+
 def block_bytes(model: ModelSpec, block_size: int) -> int:
     return model.kv_bytes_per_token(1, 1) * block_size
 
@@ -231,21 +257,33 @@ def report(case: Case) -> list[str]:
         out.append(f"  torch peak: code {d.torch_peak / GiB:.4f} GiB vs logged "
                    f"{lg['torch_peak']:.2f} (format_gib, +-0.005): {off:+.4f} GiB; "
                    f"sim/memory.py's sort-based sampler {ours_peak / GiB - lg['torch_peak']:+.3f}")
+    if "non_torch" in lg:
+        out.append(_lmem_line(case.hardware, lg["non_torch"] * GiB, "logged"))
     if case.logged_blocks is not None and case.total_bytes:
         out += _block_lines(case, d, ours_peak)
     return out
+
+
+def _lmem_line(hardware: str, non_torch: float, what: str) -> str:
+    n = resident_threads(hardware)
+    return (f"  as a local-memory reservation grown in the window, the {what} non-torch term "
+            f"is {non_torch / n:,.0f} B per thread over {n:,} resident threads")
 
 
 def _block_lines(case: Case, d: Derived, ours_peak: int) -> list[str]:
     lo, hi = implied_non_torch(case, d)
     ours = blocks_with(case, d.weights, ours_peak, NON_TORCH_BASE_BYTES)
     peak_only = blocks_with(case, d.weights, d.torch_peak, NON_TORCH_BASE_BYTES)
+    off = 100 * (peak_only - case.logged_blocks) / case.logged_blocks
     return [
         f"  KV blocks: vLLM logged {case.logged_blocks}; sim/memory.py {ours}; code-derived "
         f"peak with sim's {NON_TORCH_BASE_BYTES / GiB:.2f} GiB non-torch {peak_only} "
-        f"({100 * (peak_only - case.logged_blocks) / case.logged_blocks:+.1f}%)",
+        f"({off:+.1f}%)",
+        f"  switching sim's sampler term to 0.19's alone: {peak_only} blocks, "
+        + ("within 1%" if abs(off) <= 1 else "outside 1%: sim/memory.py keeps both terms"),
         f"  non-torch that {case.logged_blocks} blocks imply with the code-derived peak: "
         f"{(lo + 1) / GiB:.4f}..{hi / GiB:.4f} GiB (H100 vLLM 0.19 logs: 0.24-0.25 GiB)",
+        _lmem_line(case.hardware, (lo + 1 + hi) / 2, "implied"),
     ]
 
 
@@ -259,9 +297,18 @@ engine_kwargs) with VLLM_LOGGING_LEVEL=DEBUG, keeping from its log
   "Memory profiling takes ... torch peak memory increase: ...; non-torch forward increase
    memory: ...; weights memory: ..."                             (the two profiled terms)
   "Available KV cache memory: ..." and "num_gpu_blocks is: ..."
+  "Directly load the compiled graph(s) ... from the cache" or "Compiling a graph for
+   compile range ..."                                            (inductor's autotuning
+   loads extra kernel images inside the window only on a cold compile cache)
 and a second start-up with --enforce-eager (profile_cudagraph_memory skipped), whose
 non-torch increase, against the first, splits the term into what the profile run leaves
-and what the CUDA-graph memory profiling leaves."""
+and what the CUDA-graph memory profiling leaves. To test the local-memory reading, log in
+the worker cudaDeviceGetLimit(cudaLimitStackSize) (cuda.bindings.runtime) right after the
+init snapshot and right after determine_available_memory: if the non-torch increase is
+the stack growth x 196,608 resident threads (128 SMs x 1,536), the term follows from the
+compiled kernels' local memory (cuobjdump --dump-resource-usage on the FlashAttention 2
+library, the inductor cache's cubins), per GPU architecture, and can be modelled from
+them; the same two numbers from an H100 start-up check the 270,336-thread case."""
 
 
 def main(argv=None) -> int:

@@ -124,6 +124,9 @@ class RankStep:
 class WaveStep:
     wave_ns: int
     ranks: tuple[RankStep, ...]
+    #: each rank's batch as it ran (None: a dummy batch); kept only for recorded waves
+    #: (``MoEWave.record``), for breakdown reports
+    shapes: tuple[BatchShape | None, ...] = ()
 
 
 def _rank_parts(backend, inst, shape: BatchShape, real: bool) -> tuple[int, int, int, int, int]:
@@ -217,10 +220,11 @@ class MoEWave:
             mine = busy_dense + layers * (attn + moe + exch)
             ranks.append(RankStep(layers * attn, busy_dense, layers * moe, layers * exch,
                                   wave - mine, s.num_tokens, r))
-        out = WaveStep(int(wave), tuple(ranks))
         if self.record is not None:
+            out = WaveStep(int(wave), tuple(ranks), tuple(shapes))
             self.record.append(out)
-        return out
+            return out
+        return WaveStep(int(wave), tuple(ranks))
 
     def _expert_ns(self, prov, inst, tokens: int, gate, ep: int | None = None) -> list[int]:
         """Each EP rank's expert compute for ``tokens`` tokens entering the layer: the gate
