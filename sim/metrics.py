@@ -63,23 +63,52 @@ def _percentile(s: list, q: float) -> float:
     return _percentile_at(s.__getitem__, len(s), q)
 
 
-def stats_ms(values_ns) -> dict[str, float]:
+def stats_ms(values_ns, use_numpy: bool | None = None) -> dict[str, float]:
     """Mean and percentiles in ms of values in ns: the numbers ``np.mean`` and
     ``np.percentile`` give for the values as float64 divided by 1e6, computed without numpy
-    (whose import costs a `llmsim run` more than these few statistics)."""
+    (whose import costs a `llmsim run` more than these few statistics) unless
+    ``use_numpy`` (default: from NUMPY_FROM values on)."""
     if not isinstance(values_ns, list):
         values_ns = list(values_ns)
-    ms = [v / 1e6 for v in values_ns]
-    if not ms:
+    if not values_ns:
         return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+    if use_numpy or (use_numpy is None and len(values_ns) >= NUMPY_FROM):
+        return _stats_numpy(values_ns)
+    ms = [v / 1e6 for v in values_ns]
     mean = (0.0 + _pairwise_sum(ms, 0, len(ms))) / len(ms)
     # x -> x / 1e6 is monotone, so the values sort as their ms do
     s = sorted(values_ns)
     return {"mean": mean, **{f"p{p}": _percentile(s, p) for p in PERCENTILES}}
 
 
-#: gaps from which the mean is summed with numpy (its import costs less than the
-#: pure-Python pairwise sum beyond this; both give the same bits)
+def _stats_numpy(values: list, counts: list[int] | None = None) -> dict[str, float]:
+    """``stats_ms`` through numpy (the same bits): of ``values``, or of each ``values[k]``
+    repeated ``counts[k]`` times (in that order)."""
+    import numpy as np
+
+    v = np.asarray(values)
+    ms = v / 1e6
+    if counts is None:
+        sv = np.sort(v)
+
+        def at(i: int):
+            return sv[i].item()
+    else:
+        c = np.asarray(counts, dtype=np.int64)
+        ms = np.repeat(ms, c)
+        order = np.argsort(v, kind="stable")
+        sv = v[order]
+        ends = np.cumsum(c[order])
+
+        def at(i: int):  # the i-th smallest
+            return sv[int(np.searchsorted(ends, i, side="right"))].item()
+    n = len(ms)
+    return {"mean": (0.0 + float(np.add.reduce(ms))) / n,
+            **{f"p{p}": _percentile_at(at, n, p) for p in PERCENTILES}}
+
+
+#: values from which statistics are computed with numpy (its import costs less than the
+#: pure-Python pairwise sum and sort beyond this; both give the same bits)
 NUMPY_FROM = 300_000
 
 
@@ -113,22 +142,18 @@ class GapRuns:
             out += [v] * c
         return out
 
-    def stats_ms(self) -> dict[str, float]:
+    def stats_ms(self, use_numpy: bool | None = None) -> dict[str, float]:
         """``stats_ms`` of the expanded gaps, without expanding them for the percentiles."""
         values, counts = self.values, self.counts
         n = sum(counts)
         if not n:
             return stats_ms([])
-        if n >= NUMPY_FROM:
-            import numpy as np
-
-            ms = np.repeat(np.asarray(values, dtype=np.float64) / 1e6, counts)
-            total = float(np.add.reduce(ms))
-        else:
-            ms = []
-            for v, c in zip(values, counts):
-                ms += [v / 1e6] * c
-            total = _pairwise_sum(ms, 0, n)
+        if use_numpy or (use_numpy is None and n >= NUMPY_FROM):
+            return _stats_numpy(values, counts)
+        ms = []
+        for v, c in zip(values, counts):
+            ms += [v / 1e6] * c
+        total = _pairwise_sum(ms, 0, n)
         order = sorted(range(len(values)), key=values.__getitem__)
         ends = list(accumulate(counts[k] for k in order))
         sorted_values = [values[k] for k in order]
@@ -300,10 +325,16 @@ def summarize(requests: list[Request], itl_ns: GapRuns | list[int], sim_end_ns: 
             sessions.setdefault(r.session_id, []).append(r)
     session_e2e = [max(x.last_token_ns for x in rs) - min(x.arrival_ns for x in rs)
                    for rs in sessions.values()]
+    # numpy where the values to summarise are many enough to pay for its import
+    big = len(itl_ns) + 6 * len(done) >= NUMPY_FROM
+
+    def stats(values):
+        return stats_ms(values, big)
+
     return {
         "num_requests": len(requests),
         "num_sessions": len(sessions),
-        "session_e2e_ms": stats_ms(session_e2e) if sessions else None,
+        "session_e2e_ms": stats(session_e2e) if sessions else None,
         "num_finished": len(done),
         "simulated_s": sim_end_ns / 1e9,
         "wall_s": wall_s,
@@ -311,12 +342,12 @@ def summarize(requests: list[Request], itl_ns: GapRuns | list[int], sim_end_ns: 
         "throughput_rps": len(done) / span_s,
         "prompt_tps": prompt / span_s,
         "gen_tps": gen / span_s,
-        "ttft_ms": stats_ms(ttft),
-        "tpot_ms": stats_ms(tpot),
-        "itl_ms": itl_ns.stats_ms() if isinstance(itl_ns, GapRuns) else stats_ms(itl_ns),
-        "latency_ms": stats_ms(lat),
-        "engine_ttft_ms": stats_ms(engine_ttft),
-        "engine_latency_ms": stats_ms(engine_lat),
+        "ttft_ms": stats(ttft),
+        "tpot_ms": stats(tpot),
+        "itl_ms": itl_ns.stats_ms(big) if isinstance(itl_ns, GapRuns) else stats(itl_ns),
+        "latency_ms": stats(lat),
+        "engine_ttft_ms": stats(engine_ttft),
+        "engine_latency_ms": stats(engine_lat),
         "preemptions": preemptions,
         "prefix_hit_tokens": hit_tokens,
         "prefix_hit_ratio": hit_tokens / queried_tokens if queried_tokens else 0.0,
