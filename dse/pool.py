@@ -29,6 +29,15 @@ from sim.errors import InputError
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
+#: how long the pool's start waits for the actors' warm-up (then trials queue behind it)
+WARMUP_TIMEOUT_S = 60.0
+#: at most this many instance shapes are warmed up (one configuration each)
+WARMUP_MAX_CONFIGS = 16
+#: knobs that do not change what a worker builds once per process for a configuration
+#: (latency provider, system backend): the shape of an instance is the rest
+_NOT_SHAPE = frozenset({"replicas", "max_num_seqs", "max_num_batched_tokens",
+                        "long_prefill_token_threshold", "enable_prefix_caching",
+                        "enable_chunked_prefill", "routing_policy", "pd_ratio"})
 CONNECT_TIMEOUT_S = 10.0
 MAX_ATTEMPTS = 2  # first try + one retry on a fresh actor
 
@@ -40,6 +49,33 @@ class _Job:
     #: when it started on its actor (None while it waits behind another trial there)
     started: float | None = field(default_factory=time.monotonic)
     errors: list[str] = field(default_factory=list)
+
+
+def warmup_tasks(space: Space, limit: int = WARMUP_MAX_CONFIGS) -> list[dict]:
+    """One task per instance shape of the space (its knobs but those in ``_NOT_SHAPE``),
+    the first configuration of that shape that passes the pre-simulation check, at most
+    ``limit``: what the actors warm up on (:func:`dse.worker.warm_up`). Empty when the
+    space is too large to enumerate (the first trials then pay the warm-up)."""
+    from dse.config import make_trial_config
+    from dse.sampling import feasible_set
+
+    try:
+        feasible = feasible_set(space)
+    except Exception as exc:  # noqa: BLE001 - the search itself reports a bad space
+        log.debug("warm-up: %s", exc)
+        return []
+    tasks: list[dict] = []
+    seen: set = set()
+    for params in feasible or ():
+        shape = tuple(sorted((k, repr(v)) for k, v in params.items() if k not in _NOT_SHAPE))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        cfg = make_trial_config(space, -1 - len(tasks), params)
+        tasks.append({"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options})
+        if len(tasks) >= limit:
+            break
+    return tasks
 
 
 class LocalPool:
@@ -186,8 +222,11 @@ class RayPool:
     CONTROL = "control"
 
     def __init__(self, space: Space, workers: int | None = None, *, address: str | None = None,
-                 trial_timeout_s: float = 600.0, depth: int = 2) -> None:
+                 trial_timeout_s: float = 600.0, depth: int = 2,
+                 warmup: list[dict] | None = None) -> None:
         self.space = space
+        #: tasks each actor simulates on a few requests before its first trial
+        self.warmup = warmup or []
         self.requested = workers
         self.address = address
         self.trial_timeout_s = trial_timeout_s
@@ -231,8 +270,34 @@ class RayPool:
         for a in actors:
             self._add_actor(a)
         self.timings["actors_s"] = time.perf_counter() - t1
+        self._warm_up()
         self._cpu0 = self._actor_cpu()
         return self
+
+    def _warm_up(self) -> None:
+        """Each actor pays its one-time costs (imports, latency providers, astra-sim
+        processes) before the first trial; waited for up to WARMUP_TIMEOUT_S (after that,
+        trials queue behind it). Seconds and the actors' CPU go to ``timings``."""
+        import ray
+
+        if not self.warmup:
+            return
+        t0 = time.perf_counter()
+        refs = [a.warm.remote(self.warmup) for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=WARMUP_TIMEOUT_S)
+        cpu = 0.0
+        for ref in ready:
+            try:
+                out = ray.get(ref, timeout=10)
+            except Exception as exc:  # noqa: BLE001 - a dead actor is handled by the trials
+                log.debug("warm-up: %s", exc)
+                continue
+            cpu += out["cpu_s"]
+            for err in out["errors"][:1]:
+                log.debug("warm-up: %s", err)
+        self.timings["warmup_s"] = time.perf_counter() - t0
+        self.timings["warmup_cpu_s"] = cpu
+        self.timings["warmup_configs"] = len(self.warmup)
 
     def _actor_cpu(self) -> dict[Any, float]:
         """CPU seconds used so far by each placed actor (with its astra-sim processes)."""

@@ -256,12 +256,13 @@ class Driver:
         if self.pool is not None:
             return self.pool.start() if hasattr(self.pool, "start") and not getattr(
                 self.pool, "size", 0) else self.pool
-        from dse.pool import LocalPool, RayPool
+        from dse.pool import LocalPool, RayPool, warmup_tasks
 
         if self.workers == 0:
             return LocalPool(self.space).start()
         pool = RayPool(self.space, self.workers or None, address=self.ray_address,
-                       trial_timeout_s=self.space.search.trial_timeout_s).start()
+                       trial_timeout_s=self.space.search.trial_timeout_s,
+                       warmup=warmup_tasks(self.space)).start()
         self.timings.update(pool.timings)
         return pool
 
@@ -539,7 +540,10 @@ class Driver:
         lines = [
             f"setup {g('setup_s', 0):.1f}s (study journal, MLflow writer started); "
             f"workers start-up {g('pool_start_s', 0):.1f}s"
-            + (f" (Ray {g('ray_init_s', 0):.1f}s, actors {g('actors_s', 0):.1f}s)"
+            + (f" (Ray {g('ray_init_s', 0):.1f}s, actors {g('actors_s', 0):.1f}s"
+               + (f", warm-up {g('warmup_s', 0):.1f}s on {int(g('warmup_configs', 0))} "
+                  f"instance shape(s), {g('warmup_cpu_s', 0):.1f}s of their CPU"
+                  if "warmup_s" in tm else "") + ")"
                if "ray_init_s" in tm else ""),
             f"search after the workers are up {g('search_s', 0):.1f}s: loop "
             f"{g('loop_s', 0):.1f}s, report {g('report_s', 0):.1f}s, waiting for the MLflow "

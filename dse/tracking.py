@@ -125,20 +125,24 @@ def latency_histogram_png(requests, path: Path) -> bool:
 
     if requests is None or not len(requests) or "ttft_ns" not in requests:
         return False
-    ttft = requests["ttft_ns"].to_numpy(float) / 1e6
-    tpot = (requests.loc[requests["output_tokens"] > 1, "tpot_ns"].to_numpy(float) / 1e6
-            if "tpot_ns" in requests and "output_tokens" in requests else np.array([]))
+    ttft = np.asarray(requests["ttft_ns"], dtype=float) / 1e6
+    tpot = (np.asarray(requests["tpot_ns"], dtype=float)[
+        np.asarray(requests["output_tokens"]) > 1] / 1e6
+        if "tpot_ns" in requests and "output_tokens" in requests else np.array([]))
     img = np.full((160, 600, 3), 255, dtype=np.uint8)
     _panel(img, 0, ttft[np.isfinite(ttft)], "TTFT")
     _panel(img, 300, tpot[np.isfinite(tpot)], "TPOT")
-    raw = b"".join(b"\x00" + row.tobytes() for row in img)
+    # each row after its filter byte (0: none); zlib level 3 is ~4x faster than 6 here
+    # for a file of 2 kB instead of 1
+    raw = np.concatenate([np.zeros((img.shape[0], 1), np.uint8),
+                          img.reshape(img.shape[0], -1)], axis=1).tobytes()
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return (struct.pack(">I", len(data)) + kind + data
                 + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 600, 160, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+           + chunk(b"IDAT", zlib.compress(raw, 3)) + chunk(b"IEND", b""))
     path.write_bytes(png)
     return True
 

@@ -16,14 +16,17 @@ from typing import Any
 
 from dse.metrics import evaluate_slos
 from dse.space import Space
+from dse.table import Columns
+from sim.metrics import REQUEST_COLUMNS
 
 
 @dataclass
 class TrialResult:
     """What a worker sends back for one trial. Exactly one of three shapes: ``rejected``
     (sim refused the configuration: a reason), ``error`` (the trial failed: a message and
-    a traceback), or a simulation (``summary``, per-request and time-series tables, the SLO
-    evaluation, and for a capacity search the probes)."""
+    a traceback), or a simulation (``summary``, per-request and time-series tables as
+    :class:`dse.table.Columns`, the SLO evaluation, and for a capacity search the
+    probes)."""
 
     number: int
     wall_s: float = 0.0
@@ -65,6 +68,14 @@ class _Workloads:
 
     def __init__(self) -> None:
         self._cache: dict[Any, Any] = {}
+
+    def head(self, wl: dict, n: int):
+        """The first ``n`` first-turn requests of the workload (their later session turns
+        with them): what a warm-up simulation replays."""
+        from dataclasses import replace
+
+        full = self.get(wl)
+        return replace(full, requests=full.requests[:n])
 
     def get(self, wl: dict, rate: float | None = None):
         import sim
@@ -122,18 +133,21 @@ def resolve_backend(options: dict, default: str) -> dict:
     return {**options, "backend": default}
 
 
-def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None
-              ) -> TrialResult:
+def _simulate(space: Space, task: dict, workloads: _Workloads, rate: float | None,
+              workload=None) -> TrialResult:
     import sim
 
     cluster = sim.parse_cluster(task["cluster"], source=f"trial {task['number']}")
     opts = sim.SimOptions(**resolve_backend(task["options"], task.get("default_backend",
                                                                       "inproc")))
-    res = sim.simulate(cluster, workloads.get(space.workload, rate), opts, backend=_backend(opts))
-    requests = res.requests_table()
+    if workload is None:
+        workload = workloads.get(space.workload, rate)
+    res = sim.simulate(cluster, workload, opts, backend=_backend(opts))
+    # plain columns, not DataFrames: no pandas in the worker (dse.table)
+    requests = Columns.from_rows(REQUEST_COLUMNS, res.request_rows())
     summary = dict(res.summary)
     return TrialResult(task["number"], summary=summary, requests=requests,
-                       timeseries=res.timeseries_table(),
+                       timeseries=Columns(res.timeseries.columns()),
                        slo=evaluate_slos(summary, requests, space), rate=rate)
 
 
@@ -194,6 +208,38 @@ def evaluate(space: Space, task: dict, workloads: _Workloads | None = None,
     return out
 
 
+#: first-turn requests of the space's workload that a warm-up simulation replays
+WARMUP_REQUESTS = 4
+
+
+def warm_up(space: Space, tasks: list[dict], workloads: _Workloads,
+            default_backend: str = "subprocess") -> dict:
+    """Pay a worker's one-time costs before its first trial: the imports, the workload,
+    the latency provider of each instance shape in ``tasks`` (aiconfigurator's database
+    and engine build take seconds the first time in a process), the system backend and
+    its ``astra-sim`` processes. Each task is simulated on the workload's first
+    :data:`WARMUP_REQUESTS` requests and its result dropped: what stays is only what the
+    worker keeps across trials anyway (providers and backends are built once per
+    process), so a trial's result is the same with or without it. Never raises: a
+    configuration that fails here fails again, reported, as a trial. Returns seconds,
+    CPU seconds, configurations warmed and the errors met."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    errors: list[str] = []
+    try:
+        small = workloads.head(space.workload, WARMUP_REQUESTS)
+    except Exception as exc:  # noqa: BLE001 - the trials will report it
+        return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                "configs": 0, "errors": [f"workload: {type(exc).__name__}: {exc}"]}
+    for task in tasks:
+        try:
+            _simulate(space, {**task, "default_backend": default_backend}, workloads, None,
+                      workload=small)
+        except Exception as exc:  # noqa: BLE001 - the trial itself will report it
+            errors.append(f"{type(exc).__name__}: {exc}")
+    return {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "configs": len(tasks), "errors": errors}
+
+
 class SimWorker:
     """A long-lived worker (a Ray actor in a pool): owns its workload cache, reused."""
 
@@ -212,6 +258,10 @@ class SimWorker:
         """CPU seconds this worker has used: its process and its children (the
         astra-sim processes it owns)."""
         return process_cpu_s()
+
+    def warm(self, tasks: list[dict]) -> dict:
+        """See :func:`warm_up` (run before the first trial, in the trials' own group)."""
+        return warm_up(self.space, tasks, self.workloads)
 
     def run(self, task: dict) -> TrialResult:
         # an actor owns one long-lived astra-sim process unless the space chose inproc

@@ -123,7 +123,9 @@ def main() -> None:
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             summary = {k: v for k, v in res.summary.items() if k not in WALL_CLOCK}
-            out = {"summary": summary, "requests": res.requests, "slo": res.slo}
+            # column -> values: a DataFrame (older checkouts) and dse.table.Columns alike
+            requests = {c: res.requests[c].tolist() for c in res.requests}
+            out = {"summary": summary, "requests": requests, "slo": res.slo}
             (args.dump / f"{name}.json").write_text(json.dumps(out, sort_keys=True, default=str))
         if args.profile:
             prof = cProfile.Profile()

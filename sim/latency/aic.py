@@ -115,10 +115,36 @@ def available_databases() -> dict[str, dict[str, list[str]]]:
 
 @cache
 def _databases() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Read once per process, and kept in the user cache (:mod:`sim.cache`) keyed by the
+    installed package's RECORD (every file it installed, with its hash) and version: the
+    package parses ~230 YAML files to answer (~0.6 s, in every Ray actor and every
+    ``llmsim run`` that asks aic)."""
+    from sim.cache import cached
+
     perf_database, _ = _import_aic()
-    with _quiet():
-        return {s: {b: tuple(v) for b, v in bs.items() if v}
-                for s, bs in perf_database.get_supported_databases().items()}
+
+    def build() -> dict[str, dict[str, tuple[str, ...]]]:
+        with _quiet():
+            return {s: {b: tuple(v) for b, v in bs.items() if v}
+                    for s, bs in perf_database.get_supported_databases().items()}
+
+    record = _installed_record()
+    if record is None:  # not installed from a wheel (no RECORD): nothing to key it on
+        return build()
+    return cached("aic-databases", [record], build,
+                  params=(aic_version(), tuple(map(str, perf_database.get_systems_paths()))))
+
+
+def _installed_record():
+    """The RECORD file of the installed aiconfigurator-core, or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        files = distribution("aiconfigurator-core").files or []
+    except (PackageNotFoundError, OSError):
+        return None
+    rec = next((f for f in files if f.name == "RECORD"), None)
+    return None if rec is None else rec.locate()
 
 
 def resolve_system(hardware: str, databases: dict | None = None) -> str:
