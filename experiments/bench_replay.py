@@ -143,12 +143,19 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 3000, 10000])
     ap.add_argument("--process-runs", type=int, default=9,
-                    help="runs of `llmsim run` as a process (after one with an empty cache)")
+                    help="runs of `llmsim run` as a process (after one with an empty cache); "
+                         "0 skips the process-level measurement")
     ap.add_argument("--no-process", dest="process", action="store_false",
                     help="skip the process-level measurement")
     ap.add_argument("--process-only", action="store_true",
                     help="only the process-level measurement")
     args = ap.parse_args(argv)
+    if args.runs < 1 or args.process_runs < 0:
+        ap.error("--runs must be at least 1 and --process-runs at least 0")
+    if args.process_only and args.process_runs == 0:
+        ap.error("--process-only needs --process-runs of at least 1")
+    if args.process_runs == 0:
+        args.process = False
     if args.process_only:
         print_process(*bench_process(args.process_runs), args.process_runs)
         return 0

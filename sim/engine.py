@@ -24,7 +24,7 @@ from sim.kv_cache import KVCacheManager, PrefixTier
 from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
-from sim.metrics import RunResult, TimeSeries, stats_ms, summarize
+from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave, cudagraph_size, default_max_cudagraph_capture_size
 from sim.options import SimOptions
@@ -413,7 +413,7 @@ class _Run:
         self.power = PowerModel(sim.cluster, opts.timeseries_interval_ns)
         self.steps: dict[int, list[tuple[int, int, int, int]]] = {}
         self.series = TimeSeries(opts.timeseries_interval_ns)
-        self.itl: list[int] = []
+        self.itl = GapRuns()
         self._init_arrivals(workload, heads)
         self._init_units()
         self.gate = GATE_POLICIES.create(opts.expert_routing_policy, opts.seed,
@@ -490,21 +490,29 @@ class _Run:
         # before it (a short decode step cannot overtake a long prefill chunk).
         self.last_out = [0] * n_units
         self.leap_unit = [self._leapable(u) for u in range(n_units)]
+        #: per instance, the last leap's last step time (sizes the next leap's first chunk)
+        self.last_step_ns = [0] * len(self.instances)
 
     # ------------------------------------------------------------------ event core
     def loop(self) -> RunResult:
         max_time = self.opts.max_sim_time_ns
         self.progress = _Progress(len(self.all_reqs)) if self.opts.progress else None
+        pending, in_flight = self.pending, self.in_flight
         while self.remaining > 0:
             t_next = self._next_event_time()
             if t_next > self.now:
                 self.now = t_next
-            if max_time is not None and self.now > max_time:
+            now = self.now
+            if max_time is not None and now > max_time:
                 break
-            self._route_due()
-            self._retire_due()
-            # Arrivals released at exactly `now` by completions are routed before scheduling.
-            self._route_due()
+            if pending and pending[0][0] <= now:
+                self._route_due()
+            if in_flight and in_flight[0][0] <= now:
+                self._retire_due()
+                # Arrivals released at exactly `now` by completions are routed before
+                # scheduling.
+                if pending and pending[0][0] <= now:
+                    self._route_due()
             self._schedule_units()
         if self.progress is not None:
             self.progress.close()
@@ -791,40 +799,48 @@ class _Run:
         flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
         n = plan.num_stay
-        durations: list[int] = []
+        max_done = plan.max_completions
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
             t, limit = self.now, plan.max_steps
         else:  # async: step j runs after the step in flight, completions start with it
             completions = [own_step[0]]
-            t, limit = own_step[0], min(plan.max_steps, plan.max_completions)
-        timer = getattr(self.backend, "decode_stretch", None)
-        if limit < 2:
-            timer = None
-        stretch, lo, chunk = None, 0, 16  # timed in chunks (16 steps, doubling)
-        for j in range(limit):
-            if timer is not None:
-                if j == lo + (len(stretch.durations) if stretch is not None else 0):
-                    if stretch is not None:
-                        stretch.record(len(stretch.durations))
-                    lo, stretch = j, timer(inst, step_shape(plan, n, j), min(chunk, limit - j))
-                    chunk *= 2
-                    if stretch is None:
-                        timer = None
-            if stretch is not None:
-                d = stretch.durations[j - lo]
+            t, limit = own_step[0], min(plan.max_steps, max_done)
+        timer = getattr(self.backend, "decode_stretch", None) if limit >= 2 else None
+        # Timed in chunks; the first sized for the steps the last step's time lets fit
+        # before the horizon (any chunking gives the same durations).
+        last = self.last_step_ns[idx]
+        chunk = max(2, (horizon - t) // last + 2) if last > 0 else 16
+        durations: list[int] = []
+        append, complete = durations.append, completions.append
+        j = 0
+        while j < limit:
+            shape = step_shape(plan, n, j)
+            stretch = timer(inst, shape, min(chunk, limit - j)) if timer is not None else None
+            if stretch is None:
+                timer = None
+                chunk_ns = [self.backend.iteration_ns(inst, shape, 0)]
             else:
-                d = self.backend.iteration_ns(inst, step_shape(plan, n, j), 0)
-            d = d if d > 1 else 1
-            durations.append(d)
-            end = t + d
-            if end >= horizon or len(completions) == plan.max_completions or (
-                    own_step is not None and j + 1 == limit):
+                chunk_ns = stretch.durations
+                chunk *= 2
+            lo = j
+            stop = False
+            for d in chunk_ns:
+                d = d if d > 1 else 1
+                append(d)
+                j += 1
+                end = t + d
+                if end >= horizon or len(completions) == max_done or (
+                        own_step is not None and j == limit):
+                    stop = True
+                    break
+                complete(end)
+                t = end
+            if stretch is not None:
+                stretch.record(j - lo)
+            if stop:
                 break
-            completions.append(end)
-            t = end
-        if stretch is not None:
-            stretch.record(len(durations) - lo)
+        self.last_step_ns[idx] = durations[-1]
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
@@ -836,13 +852,18 @@ class _Run:
         n = len(sch.running)
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
-        for k, t in enumerate(completions):
-            free = plan.free0 + plan.freed - plan.pops_through[k]  # (freed at the first)
-            if k == 0 and in_flight is not None:  # it may finish prompts
-                self.series.record(t, in_flight.prefill_tokens, in_flight.decode_tokens, n,
-                                   waiting, (usable - free) / usable)
-            else:
-                self.series.record(t, 0, n, n, waiting, (usable - free) / usable)
+        free0, pops_through = plan.free0 + plan.freed, plan.pops_through  # (freed at the first)
+
+        def kv_usage(k: int) -> float:  # after completion k
+            return (usable - (free0 - pops_through[k])) / usable
+
+        first = 0
+        if completions and in_flight is not None:  # it may finish prompts
+            self.series.record(completions[0], in_flight.prefill_tokens,
+                               in_flight.decode_tokens, n, waiting, kv_usage(0))
+            first = 1
+        self.series.record_decode_steps(completions[first:], n, n, waiting,
+                                        lambda k: kv_usage(k + first))
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:

@@ -25,9 +25,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice
+from operator import mul
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
+from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
@@ -95,46 +97,10 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     if head_hit is False:
         return None
     running = sch.running
-    ph = 1 if sch.async_scheduling else 0
-    first = 0 if ph else 1  # (async) a prompt finishing in flight has no output yet
-    bs = sch.kv.block_size
-    room = sch.max_model_len
-    computed0: list[int] = []
-    output0: list[int] = []
-    firsts: list[int] = []
-    # No completion in the stretch may finish a request (its output length or max_model_len).
-    max_completions = 1 << 62
-    kv_max = kv_sum = kv_sq = 0
-    kv_min = 1 << 62
-    leaving: list[int] = []
-    for r, q in zip(running, in_flight.requests if ph else running):
-        c0 = r.num_computed
-        o0 = r.num_output
-        inp = r.input_len
-        if (q is not r or r.status != RUNNING or r.num_placeholders != ph or o0 < first
-                or c0 < inp or inp + o0 + ph - c0 != 1):
-            return None
-        computed0.append(c0)
-        output0.append(o0)
-        left = r.output_len - o0
-        if room - inp - o0 < left:
-            left = room - inp - o0
-        if left == 1 and ph:
-            leaving.append(len(firsts))
-            firsts.append(NEVER)
-            continue
-        if left < max_completions:
-            max_completions = left
-        kv_sum += c0
-        kv_sq += c0 * c0
-        if c0 > kv_max:
-            kv_max = c0
-        if c0 < kv_min:
-            kv_min = c0
-        firsts.append(len(r.block_ids) * bs - c0)  # the step whose token starts a new block
-    max_completions -= 1
-    if max_completions < 1 or min(firsts) < 0 or len(leaving) == len(running):
+    counters = _steady_counters(sch, in_flight)
+    if counters is None:
         return None
+    computed0, output0, firsts, leaving, max_completions, kv_sum, kv_max, kv_min, kv_sq = counters
     freed = _freed_blocks(sch, [running[i] for i in leaving])
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, len(freed))
     head_lookup = None
@@ -154,6 +120,49 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
                     stay)
+
+
+def _steady_counters(sch: Scheduler, in_flight: Batch | None):
+    """``plan_leap``'s pass over the running requests (a few passes, each in C where it
+    can be): None unless each is in steady decode; else their computed and output
+    counters, the step at which each starts its next block, the leaving ones, the
+    completions before the first finish, and the staying ones' decode-KV sum, max, min
+    and sum of squares."""
+    running = sch.running
+    ph = 1 if sch.async_scheduling else 0
+    if ph and in_flight.requests != running:  # (Requests compare by identity)
+        return None
+    if any(r.status != RUNNING or r.num_placeholders != ph for r in running):
+        return None
+    computed0 = [r.num_computed for r in running]
+    output0 = [r.num_output for r in running]
+    # (async) a prompt finishing in flight has no output yet; with one token to compute
+    # and o0 + ph >= 1, c0 >= input_len follows
+    if min(output0) < 1 - ph or any(r.input_len + o + ph - c != 1
+                                    for r, c, o in zip(running, computed0, output0)):
+        return None
+    room = sch.max_model_len
+    # No completion in the stretch may finish a request (its output length or max_model_len).
+    lefts = [(r.output_len if r.output_len < room - r.input_len else room - r.input_len) - o
+             for r, o in zip(running, output0)]
+    bs = sch.kv.block_size
+    firsts = [len(r.block_ids) * bs - c for r, c in zip(running, computed0)]
+    leaving = [i for i, left in enumerate(lefts) if left == 1] if ph else []
+    if leaving:
+        stay = [i for i, left in enumerate(lefts) if left != 1]
+        if not stay:
+            return None
+        for i in leaving:
+            firsts[i] = NEVER
+        stay_computed = [computed0[i] for i in stay]
+        max_completions = min(lefts[i] for i in stay) - 1
+    else:
+        stay_computed = computed0
+        max_completions = min(lefts) - 1
+    if max_completions < 1 or min(firsts) < 0:
+        return None
+    return (computed0, output0, firsts, leaving, max_completions, sum(stay_computed),
+            max(stay_computed), min(stay_computed), sum(map(mul, stay_computed, stay_computed)))
 
 
 def _head_hit(sch: Scheduler):
@@ -314,7 +323,7 @@ def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: list[int]) -> Batch | None:
+               completion_ns: list[int], itl_sink: GapRuns) -> Batch | None:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
     return the batch of the last step when it is still in flight. Sync: completion k is
@@ -348,7 +357,7 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
 
 
 def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
-                 itl_sink: list[int]) -> None:
+                 itl_sink: GapRuns) -> None:
     """Set each request's counters after ``steps`` steps and the completions; each
     completion gives every request one token: its inter-token gaps in the order
     ``Scheduler.complete`` appends them (a request without output gets its first token
@@ -359,14 +368,17 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
     before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in plan.leaving]
-    first_gaps = []
-    append = first_gaps.append
+    values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
         r.num_computed = c0 + steps
         r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
-            append(g)
+            if values and values[-1] == g:
+                counts[-1] += 1
+            else:
+                values.append(g)
+                counts.append(1)
             m = g if g > common_max else common_max
         else:
             r.first_token_ns = first
@@ -383,10 +395,10 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         r.finish_ns = r.last_token_ns = first
         g = first - last_token if plan.output0[i] else 0
         r.itl_max_ns = g if g > itl_max else itl_max
-    itl_sink.extend(first_gaps)
+    add = itl_sink.add
     n = plan.num_stay
     for g in gaps:
-        itl_sink.extend([g] * n)
+        add(g, n)
 
 
 def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:
@@ -403,30 +415,43 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     running = sch.running
     n = len(running) + 1  # index len(running): the leaving requests' blocks freed
     leaving = set(plan.leaving)
-    keys = _candidates(sch, plan, steps, done, n)
-    keys.sort()
+    keys = sorted(set(_candidates(sch, plan, steps, n)))
     computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
-    prev = -1
+    free, ref, block_hash = kv.free, kv.ref, kv.block_hash
+    recycled = free.recycled
+    cache_blocks = kv.cache_blocks
     for key in keys:
-        if key == prev:
-            continue
-        prev = key
         phase, i = divmod(key, n)
         if i == n - 1:
             for i in plan.leaving:
                 kv.free_request(running[i])
             continue
         r = running[i]
-        if phase % 2 == 0:
-            j = phase // 2
+        if not phase & 1:
+            # KVCacheManager.grow_one, inline: a block when the step's token starts one,
+            # and the full blocks among the tokens known cached
+            j = phase >> 1
             c = r.num_computed = computed0[i] + j
             o = r.num_output = output0[i] + j
-            known = r.input_len + o
-            if c >= len(r.block_ids) * bs or (caching and (
-                    c + 1 if c < known else known) // bs > (r.cached_hashes or 0)):
-                if not kv.grow_one(r):
+            bids = r.block_ids
+            if c >= len(bids) * bs:
+                bid = free.next_fresh
+                if bid < free.end:
+                    free.next_fresh = bid + 1
+                elif recycled:
+                    bid = recycled.popitem(last=False)[0]
+                    if block_hash[bid] is not None:
+                        kv._evict(bid)
+                else:
                     raise RuntimeError("event leap: a planned block allocation failed")
+                ref[bid] = 1
+                bids.append(bid)
+            if caching:
+                known = r.input_len + o
+                m = c + 1 if c < known else known
+                if m // bs > (r.cached_hashes or 0):
+                    cache_blocks(r, m)
         else:
             k = (phase + 1) // 2
             c = r.num_computed = computed0[i] + k
@@ -435,17 +460,20 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
                 r.num_computed = computed0[i]
                 c = computed0[i] + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
-                kv.cache_blocks(r, c - ph)
+                cache_blocks(r, c - ph)
     if free_before - kv.num_free != plan.pops_through[steps - 1] - plan.freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, n: int) -> list[int]:
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
     steps from ``plan.firsts``); a block fills when the tokens to cache cross a multiple
     of the block size, or at once when its cache lags at the start. A leaving request
-    has only the first completion, after which its blocks are freed (index n - 1)."""
+    has only the first completion, after which its blocks are freed (index n - 1).
+    (Async) a staying request's completion k caches what its step k - 1, scheduled
+    before it, has cached already (c0 + k - 1 tokens, c0 = input + output): only its
+    scheduling phases are candidates."""
     bs = sch.kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
@@ -458,8 +486,6 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
         keys.append(2 * n - 1)
     if not sch.kv.enable_prefix_caching:
         return keys
-    async_ = sch.async_scheduling
-    done_end = (2 * done - 1) * n + n
     leaving = set(plan.leaving)
     for i, r in enumerate(sch.running):
         if i in leaving:
@@ -475,12 +501,4 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
                 keys.append(i)
                 j = (-base) % bs or bs
             extend(range(2 * j * n + i, sched_end, period))
-        if async_ and done:
-            # completion k caches c0 + k - 1 tokens
-            k = (cached + 1) * bs - c0 + 1
-            if k <= done:
-                if k <= 1:
-                    keys.append(n + i)
-                    k = 1 + ((-c0) % bs or bs)
-                extend(range((2 * k - 1) * n + i, done_end, period))
     return keys

@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,29 +60,120 @@ def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
 
 def _percentile(s: list, q: float) -> float:
     """numpy's default ('linear') percentile ``q`` of the sorted ``s``, in ms from ns."""
-    n = len(s)
-    vi = (n - 1) * (q / 100)
-    lo = math.floor(vi)
-    a = s[lo] / 1e6
-    b = s[min(lo + 1, n - 1)] / 1e6
-    g = vi - lo
-    d = b - a
-    return b - d * (1 - g) if g >= 0.5 else a + d * g
+    return _percentile_at(s.__getitem__, len(s), q)
 
 
-def stats_ms(values_ns) -> dict[str, float]:
+def stats_ms(values_ns, use_numpy: bool | None = None) -> dict[str, float]:
     """Mean and percentiles in ms of values in ns: the numbers ``np.mean`` and
     ``np.percentile`` give for the values as float64 divided by 1e6, computed without numpy
-    (whose import costs a `llmsim run` more than these few statistics)."""
+    (whose import costs a `llmsim run` more than these few statistics) unless
+    ``use_numpy`` (default: from NUMPY_FROM values on)."""
     if not isinstance(values_ns, list):
         values_ns = list(values_ns)
-    ms = [v / 1e6 for v in values_ns]
-    if not ms:
+    if not values_ns:
         return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+    if use_numpy or (use_numpy is None and len(values_ns) >= NUMPY_FROM):
+        return _stats_numpy(values_ns)
+    ms = [v / 1e6 for v in values_ns]
     mean = (0.0 + _pairwise_sum(ms, 0, len(ms))) / len(ms)
     # x -> x / 1e6 is monotone, so the values sort as their ms do
     s = sorted(values_ns)
     return {"mean": mean, **{f"p{p}": _percentile(s, p) for p in PERCENTILES}}
+
+
+def _stats_numpy(values: list, counts: list[int] | None = None) -> dict[str, float]:
+    """``stats_ms`` through numpy (the same bits): of ``values``, or of each ``values[k]``
+    repeated ``counts[k]`` times (in that order)."""
+    import numpy as np
+
+    v = np.asarray(values)
+    ms = v / 1e6
+    if counts is None:
+        sv = np.sort(v)
+
+        def at(i: int):
+            return sv[i].item()
+    else:
+        c = np.asarray(counts, dtype=np.int64)
+        ms = np.repeat(ms, c)
+        order = np.argsort(v, kind="stable")
+        sv = v[order]
+        ends = np.cumsum(c[order])
+
+        def at(i: int):  # the i-th smallest
+            return sv[int(np.searchsorted(ends, i, side="right"))].item()
+    n = len(ms)
+    return {"mean": (0.0 + float(np.add.reduce(ms))) / n,
+            **{f"p{p}": _percentile_at(at, n, p) for p in PERCENTILES}}
+
+
+#: values from which statistics are computed with numpy (its import costs less than the
+#: pure-Python pairwise sum and sort beyond this; both give the same bits)
+NUMPY_FROM = 300_000
+
+
+class GapRuns:
+    """Inter-token gaps (ns) in the order they occur, run-length encoded: ``values[k]``
+    repeated ``counts[k]`` times. A step gives most of its requests the same gap (each
+    step of an event leap gives all of them one), so runs are long; the order is kept
+    because the mean is summed in numpy's (pairwise) order."""
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.counts: list[int] = []
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def add(self, gap: int, count: int = 1) -> None:
+        values = self.values
+        if values and values[-1] == gap:
+            self.counts[-1] += count
+        else:
+            values.append(gap)
+            self.counts.append(count)
+
+    def expanded(self) -> list[int]:
+        """Every gap, in order."""
+        out: list[int] = []
+        for v, c in zip(self.values, self.counts):
+            out += [v] * c
+        return out
+
+    def stats_ms(self, use_numpy: bool | None = None) -> dict[str, float]:
+        """``stats_ms`` of the expanded gaps, without expanding them for the percentiles."""
+        values, counts = self.values, self.counts
+        n = sum(counts)
+        if not n:
+            return stats_ms([])
+        if use_numpy or (use_numpy is None and n >= NUMPY_FROM):
+            return _stats_numpy(values, counts)
+        ms = []
+        for v, c in zip(values, counts):
+            ms += [v / 1e6] * c
+        total = _pairwise_sum(ms, 0, n)
+        order = sorted(range(len(values)), key=values.__getitem__)
+        ends = list(accumulate(counts[k] for k in order))
+        sorted_values = [values[k] for k in order]
+
+        def at(i: int) -> int:  # the i-th smallest gap
+            return sorted_values[bisect_right(ends, i)]
+
+        return {"mean": (0.0 + total) / n,
+                **{f"p{p}": _percentile_at(at, n, p) for p in PERCENTILES}}
+
+
+def _percentile_at(at, n: int, q: float) -> float:
+    """``_percentile`` of n sorted values read through ``at(i)``."""
+    vi = (n - 1) * (q / 100)
+    lo = math.floor(vi)
+    a = at(lo) / 1e6
+    b = at(min(lo + 1, n - 1)) / 1e6
+    g = vi - lo
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
 @dataclass
@@ -96,14 +189,36 @@ class TimeSeries:
     #: power columns (W per bucket) when the cluster models power
     power: dict[str, list[float]] = field(default_factory=dict)
 
-    def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
-        b = t_ns // self.interval_ns
+    def _extend_to(self, b: int) -> None:
+        """Buckets up to ``b``: no tokens, the last-seen state carried over."""
         while len(self.prompt) <= b:
             self.prompt.append(0)
             self.gen.append(0)
             self.running.append(self.running[-1] if self.running else 0)
             self.waiting.append(self.waiting[-1] if self.waiting else 0)
             self.kv.append(self.kv[-1] if self.kv else 0.0)
+
+    def record_decode_steps(self, times_ns: list[int], gen: int, running: int, waiting: int,
+                            kv_at) -> None:
+        """``record(t, 0, gen, running, waiting, kv_at(k))`` for each ``t = times_ns[k]``
+        (increasing), a bucket at a time: its tokens added at once, its state the last."""
+        interval = self.interval_ns
+        lo, n = 0, len(times_ns)
+        while lo < n:
+            b = times_ns[lo] // interval
+            hi = bisect_left(times_ns, (b + 1) * interval, lo)
+            if len(self.prompt) <= b:
+                self._extend_to(b)
+            self.gen[b] += gen * (hi - lo)
+            self.running[b] = running
+            self.waiting[b] = waiting
+            self.kv[b] = kv_at(hi - 1)
+            lo = hi
+
+    def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
+        b = t_ns // self.interval_ns
+        if len(self.prompt) <= b:
+            self._extend_to(b)
         self.prompt[b] += prompt
         self.gen[b] += gen
         self.running[b] = running
@@ -186,7 +301,7 @@ def _write_csv(path: str | Path, header, rows) -> None:
         writer.writerows(rows)
 
 
-def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_s: float,
+def summarize(requests: list[Request], itl_ns: GapRuns | list[int], sim_end_ns: int, wall_s: float,
               preemptions: int, hit_tokens: int, queried_tokens: int) -> dict:
     done = [r for r in requests if r.finish_ns >= 0]
     ttft = [r.first_token_ns - r.arrival_ns for r in done]
@@ -210,10 +325,16 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
             sessions.setdefault(r.session_id, []).append(r)
     session_e2e = [max(x.last_token_ns for x in rs) - min(x.arrival_ns for x in rs)
                    for rs in sessions.values()]
+    # numpy where the values to summarise are many enough to pay for its import
+    big = len(itl_ns) + 6 * len(done) >= NUMPY_FROM
+
+    def stats(values):
+        return stats_ms(values, big)
+
     return {
         "num_requests": len(requests),
         "num_sessions": len(sessions),
-        "session_e2e_ms": stats_ms(session_e2e) if sessions else None,
+        "session_e2e_ms": stats(session_e2e) if sessions else None,
         "num_finished": len(done),
         "simulated_s": sim_end_ns / 1e9,
         "wall_s": wall_s,
@@ -221,12 +342,12 @@ def summarize(requests: list[Request], itl_ns: list[int], sim_end_ns: int, wall_
         "throughput_rps": len(done) / span_s,
         "prompt_tps": prompt / span_s,
         "gen_tps": gen / span_s,
-        "ttft_ms": stats_ms(ttft),
-        "tpot_ms": stats_ms(tpot),
-        "itl_ms": stats_ms(itl_ns),
-        "latency_ms": stats_ms(lat),
-        "engine_ttft_ms": stats_ms(engine_ttft),
-        "engine_latency_ms": stats_ms(engine_lat),
+        "ttft_ms": stats(ttft),
+        "tpot_ms": stats(tpot),
+        "itl_ms": itl_ns.stats_ms(big) if isinstance(itl_ns, GapRuns) else stats(itl_ns),
+        "latency_ms": stats(lat),
+        "engine_ttft_ms": stats(engine_ttft),
+        "engine_latency_ms": stats(engine_lat),
         "preemptions": preemptions,
         "prefix_hit_tokens": hit_tokens,
         "prefix_hit_ratio": hit_tokens / queried_tokens if queried_tokens else 0.0,

@@ -36,11 +36,15 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sim.kv_cache import KVCacheManager
 from sim.latency.base import BatchShape
 from sim.options import SimOptions
 from sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
+
+if TYPE_CHECKING:
+    from sim.metrics import GapRuns
 
 
 @dataclass(slots=True)
@@ -369,8 +373,9 @@ class Scheduler:
                            kv_min if n_dec else 0, pwork, kv_sq)
         return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes, samples)
 
-    def complete(self, batch: Batch, now: int, itl_sink: list[int]) -> list[Request]:
+    def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
+        gap_values, gap_counts = itl_sink.values, itl_sink.counts
         finished: list[Request] = []
         stopped_waiting: list[Request] = []
         kv = self.kv
@@ -394,7 +399,11 @@ class Scheduler:
                 req.first_token_ns = now
             else:
                 gap = now - req.last_token_ns
-                itl_sink.append(gap)
+                if gap_values and gap_values[-1] == gap:
+                    gap_counts[-1] += 1
+                else:
+                    gap_values.append(gap)
+                    gap_counts.append(1)
                 if gap > req.itl_max_ns:
                     req.itl_max_ns = gap
             req.last_token_ns = now

@@ -7,6 +7,7 @@ from sim_testkit import flat_workload, make_cluster, opts_for
 
 import sim
 from sim.kv_cache import KVCacheManager
+from sim.metrics import GapRuns
 from sim.options import SimOptions
 from sim.request import Request
 from sim.scheduler import Scheduler
@@ -89,7 +90,7 @@ def test_scheduler_uses_prefix_hit_and_computes_the_rest():
     a = Request(0, 0, 48, 1, input_ids=ids(0, 48))
     s.add_request(a)
     b0 = s.schedule(0)
-    s.complete(b0, 1, [])
+    s.complete(b0, 1, GapRuns())
     assert a.finish_ns == 1  # freed, but its blocks keep their contents
     same = Request(1, 0, 48, 1, input_ids=ids(0, 48))
     s.add_request(same)

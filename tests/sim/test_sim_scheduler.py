@@ -7,6 +7,7 @@ from sim_testkit import flat_workload, make_cluster, opts_for
 
 import sim
 from sim.kv_cache import KVCacheManager
+from sim.metrics import GapRuns
 from sim.options import SimOptions
 from sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
 from sim.scheduler import Scheduler
@@ -24,7 +25,7 @@ def step(s: Scheduler, now: int = 0):
     if b is None:
         return None, []
     got = {r.rid: n for r, n in zip(b.requests, b.num_new)}
-    fin = s.complete(b, now + 1, [])
+    fin = s.complete(b, now + 1, GapRuns())
     return got, [r.rid for r in fin]
 
 
@@ -56,7 +57,7 @@ def test_token_budget_is_respected_every_step():
         assert b is not None
         assert sum(b.num_new) <= 64
         assert b.shape.num_tokens == sum(b.num_new)
-        s.complete(b, steps + 1, [])
+        s.complete(b, steps + 1, GapRuns())
         steps += 1
         assert steps < 200
     assert s.is_idle
@@ -76,7 +77,7 @@ def test_max_num_seqs_is_respected():
             break
         assert len(s.running) <= 3
         assert len(b.requests) <= 3
-        s.complete(b, t, [])
+        s.complete(b, t, GapRuns())
     assert all(r.status == FINISHED for r in rs)
 
 

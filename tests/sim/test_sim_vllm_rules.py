@@ -9,6 +9,7 @@ import pytest
 
 import sim
 from sim.kv_cache import KVCacheManager
+from sim.metrics import GapRuns
 from sim.options import SimOptions
 from sim.request import PREEMPTED, Request
 from sim.scheduler import Scheduler
@@ -49,8 +50,8 @@ def test_next_chunk_is_scheduled_while_the_previous_is_in_flight():
     assert scheduled(b1) == {0: (0, 256)}
     b2 = s.schedule(0)
     assert scheduled(b2) == {0: (256, 256)}
-    s.complete(b1, 1, [])
-    s.complete(b2, 2, [])
+    s.complete(b1, 1, GapRuns())
+    s.complete(b2, 2, GapRuns())
     assert scheduled(s.schedule(2)) == {0: (512, 256)}
 
 
@@ -59,7 +60,7 @@ def test_decode_with_a_step_in_flight_waits_without_async_scheduling():
     s.add_request(Request(0, 0, 10, 5))
     b1 = s.schedule(0)
     assert s.schedule(0) is None  # its token is not sampled yet
-    s.complete(b1, 1, [])
+    s.complete(b1, 1, GapRuns())
     assert scheduled(s.schedule(1)) == {0: (10, 1)}
 
 
@@ -97,13 +98,13 @@ def test_async_schedules_the_next_decode_before_the_token_is_back():
     b2 = s.schedule(0)  # placeholder for b1's token: decode the next one already
     assert scheduled(b2) == {0: (10, 1)}
     # Tokens 1 and 2 are in flight; token 3 still needs a step once token 1 is back.
-    s.complete(b1, 1, [])
+    s.complete(b1, 1, GapRuns())
     b3 = s.schedule(1)
     assert scheduled(b3) == {0: (11, 1)}
-    s.complete(b2, 2, [])
+    s.complete(b2, 2, GapRuns())
     # Two placeholders would reach the output length: no wasted extra step.
     assert s.schedule(2) is None
-    fin = s.complete(b3, 3, [])
+    fin = s.complete(b3, 3, GapRuns())
     assert [r.rid for r in fin] == [0] and fin[0].num_output == 3
 
 
@@ -176,7 +177,7 @@ def test_prefill_side_keeps_blocks_until_the_transfer_lands():
     r = Request(0, 0, 64, 8)
     s.add_request(r)
     b = s.schedule(0)
-    s.complete(b, 1, [])
+    s.complete(b, 1, GapRuns())
     assert s.handoffs == [r] and r.num_output == 0  # the prefill's token is not the client's
     assert s.kv.num_used == 4 and r.block_ids == [] and len(r.handoff_blocks) == 4
     s.release_handoff(r.handoff_blocks)
@@ -194,10 +195,10 @@ def test_request_without_token_ids_hits_its_own_blocks_after_preemption():
     b = Request(1, 0, 8, 10)
     s.add_request(a)
     s.add_request(b)
-    s.complete(s.schedule(0), 1, [])
+    s.complete(s.schedule(0), 1, GapRuns())
     now = 1
     while a.preemptions == 0:
-        s.complete(s.schedule(now), now + 1, [])
+        s.complete(s.schedule(now), now + 1, GapRuns())
         now += 1
     assert a.status == PREEMPTED
     s.running.clear()  # B goes away; A's blocks are still cached in the free queue
@@ -271,7 +272,7 @@ def test_priority_policy_admits_by_priority_and_preempts_the_lowest():
         s2.add_request(r)
     now = 0
     while not a.preemptions and not b.preemptions:
-        s2.complete(s2.schedule(now), now + 1, [])
+        s2.complete(s2.schedule(now), now + 1, GapRuns())
         now += 1
     assert a.preemptions == 1 and b.preemptions == 0
     with pytest.raises(sim.InputError, match="scheduling_policy"):

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from sim.kv_cache import KVCacheManager  # noqa: E402
+from sim.metrics import GapRuns  # noqa: E402
 from sim.options import SimOptions  # noqa: E402
 from sim.paths import shared_data_root  # noqa: E402
 from sim.request import Request as SimRequest  # noqa: E402
@@ -247,7 +248,7 @@ class SimSide:
         self.now += 1
         if b is None:
             return []
-        fin = self.s.complete(b, self.now, [])
+        fin = self.s.complete(b, self.now, GapRuns())
         self.unfinished -= len(fin)
         return sorted(r.rid for r in fin)
 

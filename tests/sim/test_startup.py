@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sim_testkit import cluster_dict, make_bundle
 
-from sim.metrics import PERCENTILES, stats_ms
+from sim.metrics import PERCENTILES, GapRuns, stats_ms
 
 # Never on the `llmsim run` path (the DSE driver's and the reports' libraries).
 HEAVY = ("pandas", "plotly", "mlflow", "ray", "optuna", "scipy", "torch", "aiconfigurator_core")
@@ -81,8 +81,9 @@ def _sizes():
     return [*range(1, 40), 127, 128, 129, 255, 256, 1000, 8191, 8192, 8193, 20001, 100003]
 
 
+@pytest.mark.parametrize("use_numpy", [False, True])
 @pytest.mark.parametrize("n", _sizes())
-def test_stats_are_numpys_bit_for_bit(n):
+def test_stats_are_numpys_bit_for_bit(n, use_numpy):
     rng = random.Random(n)
     cases = [
         [rng.randint(0, 10**12) for _ in range(n)],                      # ns as ints
@@ -93,9 +94,30 @@ def test_stats_are_numpys_bit_for_bit(n):
         a = np.asarray(values, dtype=np.float64) / 1e6
         want = {"mean": float(a.mean()),
                 **{f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES))}}
-        got = stats_ms(values)
+        got = stats_ms(values, use_numpy)
         assert got == want  # exact: not approx
         assert all(type(v) is float for v in got.values())
+
+
+@pytest.mark.parametrize("use_numpy", [False, True])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 129, 1000, 20001])
+def test_gap_runs_give_the_stats_of_every_gap(n, use_numpy):
+    """The inter-token gaps kept as runs: the same statistics, bit for bit, as the list of
+    every gap (through numpy and through pure Python)."""
+    rng = random.Random(n)
+    runs = GapRuns()
+    every: list[int] = []
+    while len(every) < n:
+        gap = rng.choice([rng.randint(1, 10**9), 5_000_000, 7_250_001])
+        count = min(n - len(every), rng.choice([1, 1, 3, 16, 200]))
+        runs.add(gap, count)
+        every += [gap] * count
+    assert runs.expanded() == every and len(runs) == n
+    got, want = runs.stats_ms(use_numpy), stats_ms(every, use_numpy=False)
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] or (got[k] != got[k] and want[k] != want[k]) for k in got)
+    assert len(runs.values) <= n  # equal neighbours share a run
+    assert all(a != b for a, b in zip(runs.values, runs.values[1:]))
 
 
 def test_stats_of_nothing_are_nan():
