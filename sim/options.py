@@ -183,7 +183,7 @@ class SimOptions:
         choices=("fcfs", "priority"), vllm=VllmArg("--scheduling-policy", omit=("fcfs",)))
     max_model_len: int | None = option(
         None, "longest sequence (prompt + output): longer prompts are rejected, outputs stop "
-        "there (default: no limit beyond the KV capacity)",
+        "there (default: the model's max_position_embeddings, as vLLM derives it)",
         vllm=VllmArg("--max-model-len", omit=(None,)))
     prefix_storage: str | None = option(
         None, "keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)",
