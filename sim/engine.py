@@ -66,9 +66,27 @@ def _max_model_len(inst: InstanceRuntime) -> int:
 
 
 def _log_memory(inst: InstanceRuntime) -> None:
-    if inst.memory is not None and _log.isEnabledFor(logging.INFO):
+    if inst.memory is None:
+        return
+    if _log.isEnabledFor(logging.INFO):
         for line in inst.memory.log_lines(_max_model_len(inst)):
             _log.info("instance %d: %s", inst.instance_id, line)
+    _warn_if_vllm_refuses(inst.instance_id, inst.memory, _max_model_len(inst))
+
+
+def _warn_if_vllm_refuses(instance_id: int, memory: MemoryBudget, max_len: int) -> None:
+    """vLLM refuses to start when its KV cache cannot hold one request of max_model_len
+    tokens (``check_enough_kv_cache_memory``, on what profiling left, also under
+    num_gpu_blocks_override). The simulation goes on (studies of small caches stay
+    possible), but the user is told the command would not serve as given."""
+    blocks = memory.profiled_blocks if memory.profiled_blocks is not None else memory.num_blocks
+    needed = -(-max_len // memory.block_size) if max_len > 0 else 0
+    if blocks < needed:
+        _log.warning("instance %d: vLLM would refuse to start: one request of max_model_len="
+                     "%s tokens needs %s KV blocks, %s fit (the longest that fits is %s "
+                     "tokens); pass --max-model-len at most that to serve it as simulated",
+                     instance_id, f"{max_len:,}", f"{needed:,}", f"{blocks:,}",
+                     f"{blocks * memory.block_size:,}")
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
