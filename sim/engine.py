@@ -767,7 +767,7 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
-        plan = plan_leap(sch, in_flight, self.clients == 0)
+        plan = plan_leap(sch, in_flight, self.clients == 0, self._step_cap(idx, b1, horizon))
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
@@ -782,6 +782,15 @@ class _Run:
             if self.progress is not None:
                 self.progress.update(len(self.all_reqs) - self.remaining, completions[-1])
         return True
+
+    def _step_cap(self, idx: int, own_step, horizon: int) -> int:
+        """A bound on the steps a stretch plans for: twice those the last step's time
+        lets fit before the horizon (a stretch stopped there is followed by another)."""
+        last = self.last_step_ns[idx]
+        if last <= 0:
+            return 64
+        t = own_step[0] if own_step is not None else self.now
+        return 2 * max(0, horizon - t) // last + 16
 
     def _horizon(self, own_step) -> int:
         """The first time at which something other than the leaping unit's own step may

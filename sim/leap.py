@@ -33,6 +33,9 @@ from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
+#: a first block step for requests that allocate none
+NEVER = 1 << 60
+
 
 @dataclass(slots=True)
 class LeapPlan:
@@ -86,8 +89,8 @@ def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
     return in_flight is None
 
 
-def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False
-              ) -> LeapPlan | None:
+def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
+              step_cap: int = NEVER) -> LeapPlan | None:
     """Bound a stretch of steady decode steps, or None where there is none
     (``steady_decode`` must hold). One pass over the running requests checks that each
     is in steady decode (its next step computes one token and samples one; async: its
@@ -96,14 +99,17 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False
     block. (Async) a request whose step in flight is its last leaves at the first
     completion (where nothing waits: its blocks freed could admit a request). With
     ``may_finish`` (async, nothing waiting, no follow-up turn) requests may finish at
-    any completion of the stretch, the batch shrinking, while one at least stays."""
+    any completion of the stretch, the batch shrinking, while one at least stays; then
+    the plan covers ``step_cap`` completions at most (past the first finish), the steps
+    that timing will likely allow (any bound is exact: a shorter stretch is followed by
+    another)."""
     head_hit = _head_hit(sch)
     if head_hit is False:
         return None
     running = sch.running
     general = (may_finish and sch.async_scheduling and not sch.waiting
                and all(r.next_sub is None for r in running))
-    counters = _steady_counters(sch, in_flight, general)
+    counters = _steady_counters(sch, in_flight, general, step_cap)
     if counters is None:
         return None
     computed0, output0, firsts, drops, max_completions = counters
@@ -135,7 +141,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False
                     free0, head_lookup, leaving, freed_at, drops, bounds, {})
 
 
-def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool):
+def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
+                     step_cap: int = NEVER):
     """``plan_leap``'s pass over the running requests (a few passes, each in C where it
     can be): None unless each is in steady decode; else their computed and output
     counters, the step at which each starts its next block, (async) the step each is
@@ -168,10 +175,9 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool):
         longest = max(lefts)
         if longest == 1:
             return None
-        if general:
-            max_completions = longest - 1
-        else:
-            max_completions = min(left for left in lefts if left != 1) - 1
+        max_completions = min(left for left in lefts if left != 1) - 1
+        if general and step_cap > max_completions:
+            max_completions = min(longest - 1, step_cap)
         for i, d in enumerate(drops):
             if d == 0:
                 firsts[i] = NEVER
@@ -200,10 +206,6 @@ def _head_hit(sch: Scheduler):
     if _head_admissible(sch, head, hit, kv.num_free - n, budget):
         return False
     return hit
-
-
-#: a first block step for requests that allocate none
-NEVER = 1 << 60
 
 
 def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
