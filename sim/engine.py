@@ -938,7 +938,12 @@ def _record_leap_series(series, plan, completions: list[int], in_flight, waiting
     drops = plan.drops
     done = len(completions)
     total = len(drops) if drops is not None else len(plan.computed0)
-    ends = sorted(d for d in drops if d < done) if drops is not None else []
+    if drops is None:
+        ends = []
+    elif plan.bounds and plan.bounds[0] < done:  # requests finish past the first completion
+        ends = sorted(d for d in drops if d < done)
+    else:
+        ends = [0] * len(plan.leaving)
     e = 0  # the requests finished so far
     first = 0
     if in_flight is not None:  # it may finish prompts

@@ -136,7 +136,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
                                                         freed, head_hit)
     if max_steps < 1:
         return None
-    bounds = sorted({d for d in drops if d > 0}) if drops is not None else []
+    # (the batch shrinks only where requests may finish past the first completion)
+    bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, head_lookup, leaving, freed_at, drops, bounds, {})
 
@@ -172,15 +173,17 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
         # (async) a request with L completions left is in steps 0 .. L - 2 and finishes
         # at the L-th completion
         drops = [left - 1 for left in lefts]
-        longest = max(lefts)
-        if longest == 1:
-            return None
-        max_completions = min(left for left in lefts if left != 1) - 1
+        if 1 in lefts:
+            if max(lefts) == 1:
+                return None
+            max_completions = min(left for left in lefts if left != 1) - 1
+            for i, d in enumerate(drops):
+                if d == 0:
+                    firsts[i] = NEVER
+        else:
+            max_completions = min(lefts) - 1
         if general and step_cap > max_completions:
-            max_completions = min(longest - 1, step_cap)
-        for i, d in enumerate(drops):
-            if d == 0:
-                firsts[i] = NEVER
+            max_completions = min(max(lefts) - 1, step_cap)
     else:
         max_completions = min(lefts) - 1
     if max_completions < 1 or min(firsts) < 0:
@@ -276,13 +279,12 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
         pops[j] += pops[j - bs]
     pops_through = list(accumulate(pops))
     cap = sch.kv.num_free
-    n = len(freed_at)
-    for j, p in enumerate(pops_through):
-        if j < n:
-            cap += freed_at[j]
-        if p > cap:
+    n = min(len(freed_at), max_steps)
+    for j in range(n):
+        cap += freed_at[j]
+        if pops_through[j] > cap:
             return pops, pops_through, j
-    return pops, pops_through, max_steps
+    return pops, pops_through, bisect_right(pops_through, cap, n)
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -398,7 +400,7 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
     """The step-0 decode KVs of the batch of the steps from ``plan.bounds[s - 1]`` on:
     count, sum, max, min, sum of squares."""
     c = plan.computed0
-    if plan.drops is not None:
+    if plan.drops is not None and (s or plan.leaving):
         lo = plan.bounds[s - 1] if s else 0
         c = [k for k, d in zip(c, plan.drops) if d > lo]
     return len(c), sum(c), max(c), min(c), sum(map(mul, c, c))
@@ -455,8 +457,11 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     drops = plan.drops if plan.drops is not None else [NEVER] * len(running)
-    gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
-    common_max = gap_max[-1] if gaps else 0
+    if plan.bounds and plan.bounds[0] < done:  # requests finish past the first completion
+        gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
+        common_max = gap_max[-1] if gaps else 0
+    else:
+        common_max = max(gaps, default=0)
     values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
     ends = []
     for r, c0, o0, d in zip(running, plan.computed0, plan.output0, drops):
