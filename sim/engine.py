@@ -22,7 +22,8 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.leap import apply_leap, finished_in, plan_leap, segment_end, steady_decode, step_shape
+from sim.leap import (apply_leap, finished_in, finishing, plan_leap, segment_end, steady_decode,
+                      step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
@@ -938,12 +939,7 @@ def _record_leap_series(series, plan, completions: list[int], in_flight, waiting
     drops = plan.drops
     done = len(completions)
     total = len(drops) if drops is not None else len(plan.computed0)
-    if drops is None:
-        ends = []
-    elif plan.bounds and plan.bounds[0] < done:  # requests finish past the first completion
-        ends = sorted(d for d in drops if d < done)
-    else:
-        ends = [0] * len(plan.leaving)
+    ends = sorted(drops[i] for i in finishing(plan, done)) if drops is not None else []
     e = 0  # the requests finished so far
     first = 0
     if in_flight is not None:  # it may finish prompts

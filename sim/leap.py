@@ -440,9 +440,17 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     return Batch(list(running), [1] * n, step_shape(plan, steps - 1), 0, n, 0, [True] * n)
 
 
+def finishing(plan: LeapPlan, done: int) -> list[int]:
+    """The requests (indices, in running order) that finish within the first ``done``
+    completions."""
+    if plan.bounds and plan.bounds[0] < done:
+        return [i for i, d in enumerate(plan.drops) if d < done]
+    return plan.leaving
+
+
 def finished_in(plan: LeapPlan, done: int) -> int:
     """How many requests finish within the first ``done`` completions."""
-    return sum(1 for d in plan.drops if d < done) if plan.drops is not None else 0
+    return len(finishing(plan, done))
 
 
 def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
@@ -531,9 +539,9 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
         phase, i = divmod(key, n)
         if i == n - 1:
             k = (phase + 1) // 2
-            for r, d in zip(running, drops):
-                if d + 1 == k:
-                    kv.free_request(r)
+            for i in finishing(plan, k):
+                if drops[i] + 1 == k:
+                    kv.free_request(running[i])
             continue
         r = running[i]
         if not phase & 1:
@@ -593,12 +601,12 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
     extend = keys.extend
     caching = sch.kv.enable_prefix_caching
     if drops is not None:
-        for i, d in enumerate(drops):
-            if d < done:  # finishes at completion d + 1 <= done
-                ends[i] = min(sched_end, 2 * (d - 1) * n + n)
-                keys.append((2 * d + 1) * n + n - 1)
-                if caching:
-                    keys.append((2 * d + 1) * n + i)
+        for i in finishing(plan, done):  # finishes at completion d + 1 <= done
+            d = drops[i]
+            ends[i] = min(sched_end, 2 * (d - 1) * n + n)
+            keys.append((2 * d + 1) * n + n - 1)
+            if caching:
+                keys.append((2 * d + 1) * n + i)
     for i, f in enumerate(plan.firsts):
         if f < steps:
             extend(range(2 * f * n + i, ends[i], period))
