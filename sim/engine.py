@@ -938,8 +938,18 @@ def _record_leap_series(series, plan, completions: list[int], in_flight, waiting
         return
     drops = plan.drops
     done = len(completions)
-    total = len(drops) if drops is not None else len(plan.computed0)
-    ends = sorted(drops[i] for i in finishing(plan, done)) if drops is not None else []
+    if not (plan.bounds and plan.bounds[0] < done):  # no finish past the first completion
+        n = len(plan.computed0) - len(plan.leaving)
+        first = 0
+        if in_flight is not None:
+            series.record(completions[0], in_flight.prefill_tokens, in_flight.decode_tokens,
+                          n, waiting, kv_usage(0))
+            first = 1
+        series.record_decode_steps(completions[first:], n, n, waiting,
+                                   lambda k: kv_usage(k + first))
+        return
+    total = len(drops)
+    ends = sorted(drops[i] for i in finishing(plan, done))
     e = 0  # the requests finished so far
     first = 0
     if in_flight is not None:  # it may finish prompts

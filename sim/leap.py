@@ -120,8 +120,9 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     else:
         freed = _freed_blocks(sch, [running[i] for i in leaving])
         freed_at = [0, len(freed)]
-    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, drops,
-                                                freed_at)
+    # (only where requests may finish past the first completion do their blocks stop)
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
+                                                drops if general else None, freed_at)
     head_lookup = None
     waiting = sch.waiting
     stay = len(running) - len(leaving)
@@ -381,7 +382,7 @@ def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: in
 def step_shape(plan: LeapPlan, j: int) -> BatchShape:
     """Step ``j``'s shape: every request in it decodes one token over its KV, one longer
     a step."""
-    s = bisect_right(plan.bounds, j)
+    s = bisect_right(plan.bounds, j) if plan.bounds else 0
     seg = plan.segs.get(s)
     if seg is None:
         seg = plan.segs[s] = _segment(plan, s)
