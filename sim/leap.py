@@ -432,7 +432,7 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     else:
         for r, c0 in zip(running, plan.computed0):
             r.num_computed = c0 + steps
-    if plan.drops is not None:
+    if plan.drops is not None and finishing(plan, done):
         drops = plan.drops
         sch.running = running = [r for r, d in zip(running, drops) if d >= done]
     if steps == done and not sch.async_scheduling:
@@ -465,15 +465,13 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     first = completion_ns[0]
     last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
-    drops = plan.drops if plan.drops is not None else [NEVER] * len(running)
-    if plan.bounds and plan.bounds[0] < done:  # requests finish past the first completion
-        gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
-        common_max = gap_max[-1] if gaps else 0
-    else:
-        common_max = max(gaps, default=0)
+    common_max = max(gaps, default=0)
+    ending = finishing(plan, done)
+    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in ending]
     values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
-    ends = []
-    for r, c0, o0, d in zip(running, plan.computed0, plan.output0, drops):
+    for r, c0, o0 in zip(running, plan.computed0, plan.output0):
+        r.num_computed = c0 + steps
+        r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
             if values and values[-1] == g:
@@ -481,34 +479,35 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
             else:
                 values.append(g)
                 counts.append(1)
+            m = g if g > common_max else common_max
         else:
             r.first_token_ns = first
-            g = 0
-        if d >= done:
-            r.num_computed = c0 + steps
-            r.num_output = o0 + done
             m = common_max
-            r.last_token_ns = last
-        else:  # finishes at completion d + 1, its last step d - 1
-            ends.append(d)
-            r.num_computed = c0 + d
-            r.num_output = o0 + d + 1
-            r.num_placeholders = 0
-            r.status = FINISHED
-            r.finish_ns = r.last_token_ns = completion_ns[d]
-            m = gap_max[d - 1] if d else 0
-        if g > m:
-            m = g
         if m > r.itl_max_ns:
             r.itl_max_ns = m
+        r.last_token_ns = last
     add = itl_sink.add
-    n = len(running) - len(ends)
-    if not ends:
+    if not ending:
+        n = len(running)
         for g in gaps:
             add(g, n)
         return
+    drops = plan.drops
+    gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
+    for i, itl_max, last_token in before:
+        r = running[i]
+        d = drops[i]  # finishes at completion d + 1, its last step d - 1
+        r.num_computed = plan.computed0[i] + d
+        r.num_output = plan.output0[i] + d + 1
+        r.num_placeholders = 0
+        r.status = FINISHED
+        r.finish_ns = r.last_token_ns = completion_ns[d]
+        m = first - last_token if plan.output0[i] else 0
+        if d and gap_max[d - 1] > m:
+            m = gap_max[d - 1]
+        r.itl_max_ns = m if m > itl_max else itl_max
     # completion k + 2 (gaps[k]) gives a token to each request in step k: drop > k
-    ends.sort()
+    ends = sorted(drops[i] for i in ending)
     e = 0
     for k, g in enumerate(gaps):
         while e < len(ends) and ends[e] <= k:
