@@ -22,8 +22,8 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.leap import (apply_leap, finished_in, finishing, plan_leap, segment_end, steady_decode,
-                      step_shape)
+from sim.leap import (NEVER, apply_leap, finished_in, finishing, plan_leap, segment_end,
+                      steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
@@ -451,6 +451,9 @@ class _Run:
         release the backlog one request per finished one."""
         self.pending: list[tuple[int, int, Request]] = []
         self.clients = workload.closed_loop_clients
+        # a leap may run through finishes: none releases another request
+        self.leap_finishes = self.clients == 0 and not any(
+            r.next_sub is not None for r in self.all_reqs)
         self.paced = workload.paced  # a freed client sends the next request at its own time
         self.backlog: list[Request] = []
         if self.clients > 0:
@@ -768,7 +771,9 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
-        plan = plan_leap(sch, in_flight, self.clients == 0, self._step_cap(idx, b1, horizon))
+        finishes = self.leap_finishes and b1 is not None and not sch.waiting
+        plan = plan_leap(sch, in_flight, finishes,
+                         self._step_cap(idx, b1, horizon) if finishes else NEVER)
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
@@ -776,7 +781,7 @@ class _Run:
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
-        finished = finished_in(plan, len(completions))
+        finished = finished_in(plan, len(completions)) if plan.bounds else len(plan.leaving)
         self._apply_leap(unit, idx, plan, durations, completions, in_flight)
         if finished:
             self.remaining -= finished
@@ -826,7 +831,7 @@ class _Run:
         j = 0
         while j < limit:
             shape = step_shape(plan, j)
-            count = min(chunk, limit - j, segment_end(plan, j) - j)
+            count = min(chunk, limit - j, segment_end(plan, j) - j if plan.bounds else chunk)
             stretch = timer(inst, shape, count) if timer is not None else None
             if stretch is None:
                 timer = None
@@ -870,7 +875,17 @@ class _Run:
             f = freed[k + 1] if k < last_freed else freed[-1]
             return (usable - (free0 + f - pops_through[k])) / usable
 
-        _record_leap_series(self.series, plan, completions, in_flight, waiting, kv_usage)
+        if plan.bounds and plan.bounds[0] < len(completions):  # finishes past the first
+            _record_leap_series(self.series, plan, completions, in_flight, waiting, kv_usage)
+        else:
+            n = len(sch.running)
+            first = 0
+            if completions and in_flight is not None:  # it may finish prompts
+                self.series.record(completions[0], in_flight.prefill_tokens,
+                                   in_flight.decode_tokens, n, waiting, kv_usage(0))
+                first = 1
+            self.series.record_decode_steps(completions[first:], n, n, waiting,
+                                            lambda k: kv_usage(k + first))
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:
@@ -931,23 +946,12 @@ class _Run:
 
 def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,
                         kv_usage) -> None:
-    """A leap's time-series records, as each completion's would be: (async) the step
-    in flight at the start may finish prompts; completion k (0-based) then gives a token
-    to each request in its step and leaves running those that do not finish there."""
-    if not completions:
-        return
+    """The time-series records of an (async) leap in which requests finish past the
+    first completion, as each completion's would be: the step in flight at the start may
+    finish prompts; completion k (0-based) then gives a token to each request in its
+    step and leaves running those that do not finish there."""
     drops = plan.drops
     done = len(completions)
-    if not (plan.bounds and plan.bounds[0] < done):  # no finish past the first completion
-        n = len(plan.computed0) - len(plan.leaving)
-        first = 0
-        if in_flight is not None:
-            series.record(completions[0], in_flight.prefill_tokens, in_flight.decode_tokens,
-                          n, waiting, kv_usage(0))
-            first = 1
-        series.record_decode_steps(completions[first:], n, n, waiting,
-                                   lambda k: kv_usage(k + first))
-        return
     total = len(drops)
     ends = sorted(drops[i] for i in finishing(plan, done))
     e = 0  # the requests finished so far

@@ -98,8 +98,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     the completions the stretch may apply and the step at which each starts its next
     block. (Async) a request whose step in flight is its last leaves at the first
     completion (where nothing waits: its blocks freed could admit a request). With
-    ``may_finish`` (async, nothing waiting, no follow-up turn) requests may finish at
-    any completion of the stretch, the batch shrinking, while one at least stays; then
+    ``may_finish`` (async, nothing waiting, no request releasing another) requests may
+    finish at any completion of the stretch, the batch shrinking, while one stays; then
     the plan covers ``step_cap`` completions at most (past the first finish), the steps
     that timing will likely allow (any bound is exact: a shorter stretch is followed by
     another)."""
@@ -107,8 +107,7 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     if head_hit is False:
         return None
     running = sch.running
-    general = (may_finish and sch.async_scheduling and not sch.waiting
-               and all(r.next_sub is None for r in running))
+    general = may_finish and sch.async_scheduling and not sch.waiting
     counters = _steady_counters(sch, in_flight, general, step_cap)
     if counters is None:
         return None
