@@ -65,9 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(name: str, v: int | None, minimum: int = 1) -> None:
+def _positive(name: str, v: int | None, minimum: int = 1, maximum: int | None = None) -> None:
     if v is not None and v < minimum:
         raise InputError(f"{name}: must be >= {minimum}, got {v}")
+    if v is not None and maximum is not None and v > maximum:
+        raise InputError(f"{name}: must be <= {maximum}, got {v}")
 
 
 def load_checked(path: str, backend: str | None = None):
@@ -135,7 +137,7 @@ def cmd_search(a) -> int:
 
     _positive("--n-trials", a.n_trials)
     _positive("--workers", a.workers, 0)
-    _positive("--seed", a.seed, 0)
+    _positive("--seed", a.seed, 0, 2**32 - 1)  # Optuna's samplers (numpy RandomState)
     if a.tracking_uri is not None:
         check_tracking_uri(a.tracking_uri)
     space = load_checked(a.space, a.backend)

@@ -182,10 +182,18 @@ def request_tables(out: Path, trials: list[int], max_points: int = 400) -> dict[
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-    client = MlflowClient(tracking_uri=uri)
     wanted = {str(t) for t in trials}
-    runs = client.search_runs([meta["experiment_id"]], max_results=50000,
-                              filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([meta["experiment_id"]], max_results=50000,
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    except Exception as exc:  # noqa: BLE001 - MlflowException, sqlite/sqlalchemy errors
+        from sim.errors import InputError
+
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{meta_path}: its tracking_uri {uri!r}: cannot read the MLflow "
+                         f"store ({first[:300]}); the report needs the runs of trials "
+                         f"{sorted(trials)[:5]} from it") from None
     tables: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dse-req-") as tmp:
         for r in runs:

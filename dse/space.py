@@ -455,7 +455,7 @@ def _parse_space(data: Any, source: str, base_dir: Path, text: str | None) -> Sp
         devices_per_node=top.budget.devices_per_node or min(top.budget.total_devices, 8),
         price_per_device_hour=top.budget.price_per_device_hour,
         cluster_defaults=_cluster_defaults(top.cluster),
-        workload=_parse_workload(top.workload, base_dir), slo=_slo(top.slo, data),
+        workload=_parse_workload(top.workload, base_dir, spec), slo=_slo(top.slo, data),
         attainment=_attainment(top.slo.attainment), objectives=objectives, knobs=knobs,
         simulator=top.simulator.model_dump(), capacity=_capacity(top.capacity, data),
         search=_search(top.search, objectives), raw=data,
@@ -561,7 +561,7 @@ def _study_name(name: Any, source: str) -> str:
     return name
 
 
-def _parse_workload(raw: Any, base_dir: Path) -> dict:
+def _parse_workload(raw: Any, base_dir: Path, model=None) -> dict:
     from dse import schema
 
     if raw is None:
@@ -571,7 +571,7 @@ def _parse_workload(raw: Any, base_dir: Path) -> dict:
         raise InputError("workload: give exactly one of 'file' (a JSONL trace) or 'generate' "
                          "(a generator spec)")
     if w.file is not None:
-        return _workload_file(w.file, w.limit, base_dir)
+        return _workload_file(w.file, w.limit, base_dir, model)
     gen = w.generate
     schema.validate(schema.Generate, gen, "workload.generate")
     gen = dict(gen)
@@ -593,7 +593,7 @@ def _parse_workload(raw: Any, base_dir: Path) -> dict:
     return {"kind": "generate", "spec": gen}
 
 
-def _workload_file(raw_path: Any, limit: int | None, base_dir: Path) -> dict:
+def _workload_file(raw_path: Any, limit: int | None, base_dir: Path, model=None) -> dict:
     if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
         raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
     p = Path(raw_path)
@@ -603,8 +603,13 @@ def _workload_file(raw_path: Any, limit: int | None, base_dir: Path) -> dict:
         raise InputError(f"workload.file: no such file {str(p)!r}")
     import sim
 
+    from sim.validate import check_span, check_token_ids
+
     try:  # every line checked now, not by each trial
-        sim.load_jsonl(p, limit=limit)
+        workload = sim.load_jsonl(p, limit=limit)
+        check_span(workload, sim.SimOptions().timeseries_interval_ns)
+        if model is not None:
+            check_token_ids(workload, model.vocab_size, model.name)
     except InputError as exc:
         raise InputError(f"workload.file: {exc}") from None
     return {"kind": "file", "path": str(p.resolve()), "limit": limit}

@@ -3,7 +3,8 @@
 One module owns the layout of ``dse search --out DIR`` so that the driver, the report and
 the CLI read the same names without importing each other:
 
-- ``study.journal``  Optuna's journal storage (the study itself, resumable)
+- ``study.journal``  Optuna's journal log, one record per commit of the driver (the
+  study itself, resumable; format in :mod:`dse.journal`)
 - ``study.json``     what was searched, with which seed, tracking URI and versions
 - ``space.yaml``     a copy of the search space as it was when the study started
 - ``mlflow.db`` + ``mlartifacts/``  the default MLflow store
@@ -21,10 +22,10 @@ import fcntl
 import json
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 
+from dse.journal import DriverJournal, JournalReader, corrupt
 from sim.errors import InputError
 from sim.paths import writable_dir
 
@@ -124,124 +125,33 @@ def _read_holder(fd: int) -> str:
 # ---------------------------------------------------------------- storage
 def open_storage(out: Path, backend=None):
     """The Optuna journal storage of a study folder (over ``backend``, e.g. the driver's
-    :func:`driver_journal`, or Optuna's file backend that syncs every append)."""
+    :func:`driver_journal`; by default a read-only :class:`dse.journal.JournalReader`,
+    which takes only whole commits, for readers such as ``dse report``)."""
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
     if backend is None:
-        path = str(out / JOURNAL)
-        backend = JournalFileBackend(path, lock_obj=_journal_lock(path))
+        backend = JournalReader(out / JOURNAL)
     try:  # the journal is replayed here: a corrupt one fails now
         return JournalStorage(backend)
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{out / JOURNAL}: the study journal is corrupt "
-                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); move "
-                         "the folder away, or rerun with --fresh (which deletes the study)") \
-            from None
+        raise corrupt(out / JOURNAL, f"{type(exc).__name__}: "
+                      f"{' '.join(str(exc).split())[:160]}") from None
 
 
-def _journal_lock(path: str):
-    from optuna.storages.journal import JournalFileOpenLock
-
-    return JournalFileOpenLock(path, grace_period=10)
+def check_study_there(storage, out: Path, name: str) -> None:
+    """A folder whose ``study.json`` records a study (written only after the journal's
+    first commit) but whose journal does not hold it lost its journal (emptied, replaced):
+    refuse to start a new study over the old one's MLflow runs and files."""
+    if any(s.study_name == name for s in storage.get_all_studies()):
+        return
+    raise InputError(f"{out / JOURNAL}: holds no study named {name!r}, but {out / STUDY_JSON} "
+                     "records one: the journal was emptied or replaced; restore it, or rerun "
+                     "with --fresh (which deletes the study)")
 
 
 def driver_journal(out: Path) -> DriverJournal:
-    """The driver's journal backend (see :class:`DriverJournal`)."""
+    """The driver's journal backend (see :class:`dse.journal.DriverJournal`)."""
     return DriverJournal(out / JOURNAL)
-
-
-class DriverJournal:
-    """The driver's Optuna journal, kept in memory and written out whole at the points the
-    driver chooses (:meth:`commit`: once a round of its loop, after it has told the
-    trials that came back and asked and submitted the next ones: about one write per
-    trial, instead of a locked append for each of the ~25 log lines of a trial). Each write goes to a temporary file renamed over the
-    journal, so the file is always a complete earlier state of the study, never a torn
-    line; a driver killed between two commits loses only what it did since the last one:
-    trials asked but not yet written there are drawn again, a trial whose result came
-    back but was not yet committed is re-run (re-enqueued from the journal if its
-    parameters were written, drawn anew otherwise). :meth:`sync` also forces the file to
-    disk (fsync); the MLflow writer calls it before logging a trial, so MLflow is never
-    ahead of the study on disk, even after a power loss.
-
-    Readers in other processes (``dse report``, Optuna's ``JournalFileBackend``) read the
-    same line format. The single-writer rule is the study lock's (:class:`StudyLock`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._lines: list[bytes] = []  # every log line, serialised, newline-terminated
-        self._written = 0  # lines in the file on disk
-        self._lock = threading.Lock()  # the lines, and writing the file
-        self._sync_lock = threading.Lock()
-        self._synced = 0  # the write (count) that the last fsync made durable
-        self.write_s = 0.0  # time spent writing the file, reported by the driver
-        self.sync_s = 0.0
-        self.writes = 0  # files written (commits that had something new)
-        self.syncs = 0
-        if self.path.exists():
-            data = self.path.read_bytes()
-            if data and not data.endswith(b"\n"):  # a torn last line (an old appender)
-                data = data[:data.rfind(b"\n") + 1]
-            self._lines = data.splitlines(keepends=True)
-            self._written = len(self._lines)
-
-    # Optuna's BaseJournalBackend interface (duck-typed: its ABC is not needed)
-    def read_logs(self, log_number_from: int):
-        with self._lock:
-            lines = self._lines[log_number_from:]
-        return [json.loads(line) for line in lines]
-
-    def append_logs(self, logs: list[dict]) -> None:
-        # serialised now, as the file backend does: what Optuna reads back is a copy,
-        # never the caller's objects
-        data = [(json.dumps(x, separators=(",", ":")) + "\n").encode("utf-8") for x in logs]
-        with self._lock:
-            self._lines.extend(data)
-
-    @property
-    def pending(self) -> int:
-        """Log lines not yet in the file."""
-        return len(self._lines) - self._written
-
-    def commit(self) -> bool:
-        """Write the journal (temporary file + rename) if anything was added since the last
-        write; True if it wrote."""
-        with self._lock:
-            return self._write()
-
-    def sync(self) -> None:
-        """:meth:`commit`, then force the file (and its folder entry) to disk. The fsyncs
-        run outside the lock that appends take, so the driver does not wait on the disk
-        (the MLflow writer thread calls this)."""
-        with self._sync_lock:
-            with self._lock:
-                self._write()
-                written = self.writes
-            if written == self._synced:
-                return
-            t0 = time.perf_counter()
-            for target in (self.path, self.path.parent):
-                fd = os.open(target, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            self._synced = written
-            self.syncs += 1
-            self.sync_s += time.perf_counter() - t0
-
-    def _write(self) -> bool:
-        if self._written == len(self._lines) and self.path.exists():
-            return False
-        t0 = time.perf_counter()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(b"".join(self._lines))
-        os.replace(tmp, self.path)
-        self._written = len(self._lines)
-        self.writes += 1
-        self.write_s += time.perf_counter() - t0
-        return True
 
 
 def default_tracking_uri(out: Path) -> str:

@@ -36,6 +36,7 @@ from dse.store import (
     STUDY_JSON,
     StudyLock,
     check_out_dir,
+    check_study_there,
     default_tracking_uri,
     driver_journal,
     open_storage,
@@ -208,6 +209,8 @@ class Driver:
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         self._journal = driver_journal(self.out)
         self._storage = open_storage(self.out, self._journal)
+        if self.resumed:
+            check_study_there(self._storage, self.out, self.space.name)
         study = optuna.create_study(
             storage=self._storage,
             sampler=make_sampler(self.space, self.seed, self.deterministic, self.n_trials),

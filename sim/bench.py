@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 DATASETS = ("random", "sharegpt", "custom")
+#: devices in one node when the hardware spec does not say (an 8-GPU server)
+DEFAULT_DEVICES_PER_NODE = 8
 METRIC_LABELS = {"ttft": ("Time to First Token", "TTFT"),
                  "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
                  "itl": ("Inter-token Latency", "ITL"),
@@ -103,6 +105,7 @@ def bench_cluster(args) -> dict:
     util = args.gpu_memory_utilization
     if not 0 < util <= 1:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    _check_parallel_sizes(hw, args, tp, pp, dp)
     inst: dict[str, Any] = {
         "model_name": args.model, "hardware": hw.name,
         "npu_mem": {"mem_size": hw.mem_size_GiB, "mem_bw": hw.mem_bw_GBps, "mem_latency": 0,
@@ -124,6 +127,28 @@ def bench_cluster(args) -> dict:
     instances = [dict(inst) for _ in range(dp)]
     # no link_bw / link_latency: the catalogue's physical link (sim/topology.py)
     return {"num_nodes": 1, "nodes": [{"num_instances": dp, "instances": instances}]}
+
+
+def _check_parallel_sizes(hw, args, tp: int, pp: int, dp: int) -> None:
+    """What one ``vllm serve`` node of this hardware can run, before anything is built
+    (``-dp 100000`` built 100,000 instances for minutes): tp divides the attention heads,
+    every pipeline stage holds a layer, and dp x tp x pp devices fit in one node of the
+    catalogue's hardware (vLLM starts every DP rank on this node unless it is given
+    multi-node flags, which ``llmsim bench`` does not model)."""
+    from sim.model import load_model
+
+    model = load_model(args.model, source="--model")
+    model.check_tp(tp, label="--tensor-parallel-size")
+    model.check_pp(pp, label="--pipeline-parallel-size")
+    per_node = hw.devices_per_node or DEFAULT_DEVICES_PER_NODE
+    if dp * tp * pp > per_node:
+        where = ("the catalogue's devices_per_node" if hw.devices_per_node else
+                 "the default; the hardware spec gives no devices_per_node")
+        raise InputError(
+            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} x "
+            f"--pipeline-parallel-size {pp} = {dp * tp * pp} devices, but one {hw.name} node "
+            f"holds {per_node} ({where}); allowed: dp x tp x pp <= {per_node} (simulate more "
+            "nodes with `llmsim run --cluster`)")
 
 
 # ---------------------------------------------------------------------- workload
@@ -343,6 +368,8 @@ def run_bench(args) -> tuple[dict, str]:
     workload = bench_workload(args)
     opts = SimOptions(seed=args.seed, latency_provider=args.latency_provider,
                       profiles_dirs=tuple(args.profiles))
+    from sim.validate import check_workload
+    check_workload(workload, cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     res = bench_metrics(result, args)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]

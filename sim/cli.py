@@ -49,9 +49,11 @@ def _check_run_flags(args) -> None:
     if args.num_reqs is not None and args.num_reqs < 1:
         raise InputError(f"--num-reqs must be >= 1, got {args.num_reqs}")
     iv = args.timeseries_interval_s
-    if not math.isfinite(iv) or iv * 1e9 < 1:
-        raise InputError(f"--timeseries-interval-s must be a positive number of seconds "
-                         f"(>= 1e-9), got {iv}")
+    if not (math.isfinite(iv) and 1e-3 <= iv <= 1e9):
+        # one row per interval of simulated time: 1e-9 s made 10^9 rows a simulated
+        # second (hours, then out of memory); 1e300 overflowed the clock
+        raise InputError(f"--timeseries-interval-s must be a positive number of seconds in "
+                         f"0.001..1e9, got {iv}")
     check_engine_flags(args)
     out = check_output_file(args.output, "--output")
     if args.summary:
@@ -90,6 +92,8 @@ def _run(args) -> int:
     opts = options_from_args(args, progress=sys.stderr.isatty())
     _check_instance_limits(cluster, opts)
     sim.validate_cluster(cluster, opts)
+    from sim.validate import check_workload
+    check_workload(workload, cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     out = Path(args.output)
     summary = args.summary or str(out.with_suffix("")) + ".summary.json"

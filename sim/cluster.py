@@ -115,6 +115,10 @@ def _from_plain(plain: dict, source: str, raw: Any) -> ClusterConfig:
                                         **{**ins, "npu_mem": MemorySpec(**ins["npu_mem"])}))
             iid += 1
         cpu = MemorySpec(**nd["cpu_mem"]) if nd["cpu_mem"] is not None else None
+        if nd["pim_config"]:  # checked at each load: the cached form cannot see the file
+            from sim.pim import resolve_pim
+
+            resolve_pim(str(nd["pim_config"]), f"{source}: nodes[{n_idx}].cpu_mem.pim_config")
         nodes.append(NodeConfig(node_id=n_idx, cpu_mem=cpu, instances=tuple(insts),
                                 power=nd["power"], pim_config=nd["pim_config"]))
     return ClusterConfig(nodes=tuple(nodes), link_bw_GBps=plain["link_bw"],

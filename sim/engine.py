@@ -409,6 +409,9 @@ class _Run:
                 r = r.next_sub
         self._reset_instances()
         self.schedulers = [i.scheduler for i in self.instances]
+        #: longest sequence a request may reach (0: no limit); the smallest instance's
+        self.max_model_len = min((_max_model_len(i) for i in self.instances
+                                  if _max_model_len(i)), default=0)
         self._init_routing()
         self.transfers_ns: list[int] = []
         self.transfer_bytes = 0
@@ -428,8 +431,10 @@ class _Run:
         for inst in self.instances:
             kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
                                 inst.opts.enable_prefix_caching)
-            inst.scheduler = Scheduler(inst.instance_id, inst.opts, kv)
-            inst.scheduler.role = inst.config.pd_type
+            inst.scheduler = sch = Scheduler(inst.instance_id, inst.opts, kv)
+            sch.role = inst.config.pd_type
+            # Without --max-model-len vLLM takes the model's position limit.
+            sch.max_model_len = _max_model_len(inst) or sch.max_model_len
         _build_tiers(self.sim.cluster, self.opts, self.instances)
 
     def _init_routing(self) -> None:
@@ -545,8 +550,8 @@ class _Run:
             self._route(heapq.heappop(pending)[2])
 
     def _route(self, req: Request) -> None:
-        max_len = self.opts.max_model_len
-        if max_len is not None and req.input_len >= max_len:
+        max_len = self.max_model_len
+        if max_len and req.input_len >= max_len:
             # vLLM refuses a prompt that leaves no room to generate (and its session's
             # later turns, which would extend it); a closed-loop client moves on.
             r = req

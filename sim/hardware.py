@@ -61,6 +61,10 @@ class HardwareSpec:
     #: streaming multiprocessors (CUDA's multi_processor_count); vLLM sizes per-SM buffers
     #: by it (the Triton top-k/top-p sampler's scratch rows). None = not catalogued.
     num_sms: int | None = None
+    #: devices in one node (server) of this hardware, e.g. the 8 GPUs of an HGX board:
+    #: what one `vllm serve` without multi-node flags can use (``llmsim bench``'s bound on
+    #: dp x tp x pp). None = not catalogued.
+    devices_per_node: int | None = None
     #: whether two GPUs of this kind reach each other's memory directly (CUDA peer access:
     #: NVLink, or PCIe P2P where the card allows it); vLLM's custom all-reduce needs it
     peer_access: bool = False
@@ -120,6 +124,11 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
     if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0):
         raise InputError(f"field 'num_sms' must be a positive integer, got {sms!r}",
                          source=source)
+    per_node = d.get("devices_per_node")
+    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int)
+                                 or not 1 <= per_node <= 1 << 20):
+        raise InputError(f"field 'devices_per_node' must be an integer in 1..{1 << 20}, got "
+                         f"{per_node!r}", source=source)
     cc = d.get("compute_capability")
     link_type = str(d.get("link_type") or "")
     peer = d.get("peer_access", link_type.lower().startswith("nvlink"))
@@ -161,6 +170,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         mem_reported_bytes=(None if opt["mem_reported_bytes"] is None
                             else int(opt["mem_reported_bytes"])),
         num_sms=sms,
+        devices_per_node=per_node,
         peer_access=peer,
         source=source,
     )

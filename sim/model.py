@@ -237,11 +237,22 @@ class ModelSpec:
         return (2 * layers_per_stage * kv_heads_per_rank * self.head_dim
                 * self.kv_dtype_bytes(kv_dtype))
 
-    def check_tp(self, tp: int, source: str | None = None) -> None:
+    def check_tp(self, tp: int, source: str | None = None, label: str = "tp_size") -> None:
         if tp < 1 or self.num_attention_heads % tp:
+            allowed = [d for d in range(1, self.num_attention_heads + 1)
+                       if self.num_attention_heads % d == 0]
             raise InputError(
-                f"tp_size={tp} does not divide num_attention_heads={self.num_attention_heads} "
-                f"of {self.name}", source=source)
+                f"{label}={tp} does not divide num_attention_heads={self.num_attention_heads} "
+                f"of {self.name} (allowed: {', '.join(map(str, allowed))})", source=source)
+
+    def check_pp(self, pp: int, source: str | None = None, label: str = "pp_size") -> None:
+        """Every pipeline stage holds at least one decoder layer (vLLM's get_pp_indices
+        splits num_hidden_layers over the stages; a stage without one would do nothing)."""
+        if not 1 <= pp <= self.num_hidden_layers:
+            raise InputError(
+                f"{label}={pp} is more pipeline stages than {self.name} has layers "
+                f"(num_hidden_layers={self.num_hidden_layers}); allowed: "
+                f"1..{self.num_hidden_layers}", source=source)
 
 
 _DIM_MAX = 2**31 - 1  # torch's int32 shape limits in the kernels vLLM runs

@@ -183,7 +183,7 @@ class SimOptions:
         choices=("fcfs", "priority"), vllm=VllmArg("--scheduling-policy", omit=("fcfs",)))
     max_model_len: int | None = option(
         None, "longest sequence (prompt + output): longer prompts are rejected, outputs stop "
-        "there (default: no limit beyond the KV capacity)",
+        "there (default: the model's max_position_embeddings, as vLLM derives it)",
         vllm=VllmArg("--max-model-len", omit=(None,)))
     prefix_storage: str | None = option(
         None, "keep blocks evicted from the NPU in a lower tier (cluster cpu_mem/cxl_mem)",
@@ -324,9 +324,10 @@ class SimOptions:
                              f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
-        if not isinstance(self.timeseries_interval_ns, int) or self.timeseries_interval_ns < 1:
-            raise InputError("option timeseries_interval_ns must be a positive integer, got "
-                             f"{self.timeseries_interval_ns!r}")
+        if not isinstance(self.timeseries_interval_ns, int) or \
+                not 10**6 <= self.timeseries_interval_ns <= 10**18:
+            raise InputError("option timeseries_interval_ns must be an integer in "
+                             f"10**6..10**18 (1 ms..1e9 s), got {self.timeseries_interval_ns!r}")
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:

@@ -172,19 +172,32 @@ def pim_search_dirs() -> list[Path]:
     return [profiles_root() / "pim", shared_data_root() / "llmservingsim-configs" / "pim"]
 
 
-def load_pim(name_or_path: str, source: str | None = None) -> PimDevice:
-    """A PIM device by name (an .ini in profiles/pim/ or ../shared's pim folder) or path."""
+def resolve_pim(name_or_path: str, source: str | None = None) -> Path:
+    """The .ini file a ``pim_config`` names: a path to a DRAMSim3 .ini, or the name of one
+    in profiles/pim/ or ../shared's pim folder; InputError naming ``source`` otherwise.
+    Only the name is checked here (LLMServingSim reads the file only with attention
+    offloading on; :func:`load_pim` parses it then)."""
     p = Path(name_or_path)
     if p.suffix == ".ini" and p.is_file():
-        return parse_pim_ini(p)
+        return p
     known = {}
     for d in pim_search_dirs():
         for f in sorted(d.glob("*.ini")):
             known.setdefault(f.stem, f)
     stem = p.stem if p.suffix == ".ini" else name_or_path
     if stem not in known:
+        if p.suffix == ".ini" or len(p.parts) > 1:
+            why = "is a folder" if p.is_dir() else "no such file"
+            raise InputError(f"{name_or_path!r}: {why}; give the path of a DRAMSim3 .ini "
+                             "file (relative to the working folder) or one of the names "
+                             + (", ".join(sorted(known)) or "(none)"), source=source)
         raise unknown_name("PIM config", name_or_path, known, source)
-    return parse_pim_ini(known[stem])
+    return known[stem]
+
+
+def load_pim(name_or_path: str, source: str | None = None) -> PimDevice:
+    """A PIM device by name (an .ini in profiles/pim/ or ../shared's pim folder) or path."""
+    return parse_pim_ini(resolve_pim(name_or_path, source))
 
 
 class PimAttention:

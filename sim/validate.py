@@ -44,16 +44,31 @@ def _where(cluster: ClusterConfig, inst: InstanceConfig) -> str:
     return f"{cluster.source}: instance {inst.instance_id}"
 
 
+#: KV blocks a whole cluster may have: the simulator keeps state per block (~30 bytes),
+#: so 2**25 blocks is about 1 GB; npu_mem.mem_size 10**6 GiB (5 * 10**8 blocks) took a
+#: minute and 14 GB, 20,000 H100 instances on one node ran out of time and memory
+MAX_KV_BLOCKS = 2**25
+
+
 def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
-    """Each instance's own options, model, tp and memory."""
+    """Each instance's own options, model, tp and memory; the cluster's KV blocks."""
+    total = 0
     for inst in cluster.instances:
         where = _where(cluster, inst)
         o = opts.for_instance(inst.overrides)
         o.validate()
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
-        memory_budget(inst, model, o.block_size, o.max_num_batched_tokens, o.max_num_seqs,
-                      dp_group_size(cluster, inst))
+        model.check_pp(inst.pp_size, source=where)
+        blocks = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens,
+                               o.max_num_seqs, dp_group_size(cluster, inst)).num_blocks
+        total += blocks
+        if total > MAX_KV_BLOCKS:
+            raise InputError(
+                f"{where}: the cluster's KV caches reach {total:,} blocks here (this "
+                f"instance: {blocks:,}, from npu_mem.mem_size={inst.npu_mem.mem_size_gib:g} "
+                f"GiB or num_gpu_blocks_override); allowed: at most {MAX_KV_BLOCKS:,} in "
+                "all (the simulator keeps state per block): fewer instances or less memory")
 
 
 def _check_pim(cluster: ClusterConfig, opts: SimOptions) -> None:
@@ -169,3 +184,49 @@ def dp_group_size(cluster: ClusterConfig, inst: InstanceConfig) -> int:
     if inst.dp_group is None:
         return 1
     return sum(1 for i in cluster.instances if str(i.dp_group) == str(inst.dp_group))
+
+
+#: time-series rows a run may have (one per ``timeseries_interval_ns`` of simulated time,
+#: idle stretches included): 10 million is 116 days at the default 1 s, ~2 GB to build;
+#: a request at 2**62 ns would have taken hours
+MAX_SERIES_BUCKETS = 10_000_000
+
+
+def check_workload(workload, cluster: ClusterConfig, opts: SimOptions) -> None:
+    """Refuse a workload this cluster cannot replay, before anything is built: arrivals
+    (with a session's tool pauses) so late that the time series would not fit, or token
+    ids past the model's vocabulary (vLLM refuses such a prompt: "Token id ... is out of
+    vocabulary"). Closed-loop workloads ignore their arrival times."""
+    if not workload.closed_loop_clients or workload.paced:
+        check_span(workload, opts.timeseries_interval_ns)
+    vocab, name = min((instance_model(i, opts.for_instance(i.overrides)).vocab_size,
+                       i.model_name) for i in cluster.instances)
+    check_token_ids(workload, vocab, name)
+
+
+def check_token_ids(workload, vocab: int, model_name: str) -> None:
+    """Every token id of the workload inside ``vocab``."""
+    for r in workload.all_requests():
+        for key, ids in (("input_tok_ids", r.input_ids), ("output_tok_ids", r.output_ids)):
+            if ids is not None and len(ids) and max(ids) >= vocab:
+                raise InputError(f"{workload.source}: request {r.rid}: {key} holds token id "
+                                 f"{max(ids)}, out of the vocabulary of {model_name} "
+                                 f"(vocab_size={vocab}); allowed: 0..{vocab - 1}")
+
+
+def check_span(workload, interval: int) -> None:
+    """The latest start (arrival plus a session's tool pauses) within the time series'
+    :data:`MAX_SERIES_BUCKETS` rows of ``interval`` ns."""
+    src = workload.source
+    for first in workload.requests:
+        t, r = first.arrival_ns, first.next_sub
+        while r is not None:  # a later turn starts at least its tool pause after
+            t, r = t + r.tool_ns, r.next_sub
+        if t // interval >= MAX_SERIES_BUCKETS:
+            need = t // (MAX_SERIES_BUCKETS * 10**9) + 1  # whole seconds a row
+            raise InputError(
+                f"{src}: request {first.rid} starts {t / 1e9:.4g} s into the run (arrival "
+                "plus its session's tool pauses); the time series would need "
+                f"{t // interval + 1:,} rows of {interval / 1e9:g} s; allowed: at most "
+                f"{MAX_SERIES_BUCKETS:,} (--timeseries-interval-s {need} or more, or earlier "
+                "arrivals)")

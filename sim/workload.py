@@ -52,6 +52,9 @@ class Workload:
 
 
 _MAX_INT = 2**63 - 1
+#: a prompt or output length: vLLM's max_model_len is an int32 (a longer request would
+#: also make the simulator build per-token state for minutes before refusing it)
+MAX_LEN = 2**31 - 1
 
 
 def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0) -> int:
@@ -100,10 +103,12 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
                   sub_index=0, may_hold_bools: bool = True) -> Request:
     n_in = _int_field(obj, "input_toks", where)
     n_out = _int_field(obj, "output_toks", where)
-    if n_in < 1:
-        raise InputError("field 'input_toks' must be >= 1", source=where)
-    if n_out < 1:
-        raise InputError("field 'output_toks' must be >= 1", source=where)
+    for key, n in (("input_toks", n_in), ("output_toks", n_out)):
+        if n < 1:
+            raise InputError(f"field {key!r} must be >= 1", source=where)
+        if n > MAX_LEN:
+            raise InputError(f"field {key!r} must be in 1..{MAX_LEN} (vLLM's max_model_len "
+                             f"is an int32), got {n}", source=where)
     req = Request(rid, arrival_ns, n_in, n_out,
                   input_ids=_ids(obj, "input_tok_ids", n_in, where, may_hold_bools),
                   output_ids=_ids(obj, "output_tok_ids", n_out, where, may_hold_bools),
@@ -124,6 +129,8 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
     for lineno, line in enumerate(lines, start=1):
         if limit is not None and len(requests) >= limit:
             break
+        if lineno == 1 and line.startswith("\ufeff"):  # a UTF-8 byte-order mark (Windows)
+            line = line[1:]
         line = line.strip()
         if not line:
             continue
@@ -315,11 +322,18 @@ def _length_dist(key: str, v: Any, default: LengthDist, source: str) -> LengthDi
         raise InputError(f"{key}.kind: unknown {kind!r}; known: {', '.join(_LENGTH_KINDS)}",
                          source=source)
     d = LengthDist(kind=kind)
+    need = {"fixed": ("value",), "uniform": ("low", "high"), "zipf": ("low", "high")}
+    missing = [k for k in need.get(kind, ()) if v.get(k) is None]
+    if missing:  # no silent default length (a bare mapping gave 128, an absent field 512)
+        raise InputError(f"{key}: a {kind} length needs {' and '.join(map(repr, missing))}",
+                         source=source)
     if kind == "fixed":
         d.value = _spec_num(v, "value", 128, where, integer=True, low=1)
+        _check_len(d.value, "value", where)
     elif kind in ("uniform", "zipf"):
         d.low = _spec_num(v, "low", 1, where, integer=True, low=1)
         d.high = _spec_num(v, "high", 1024, where, integer=True, low=1)
+        _check_len(d.high, "high", where)
         if d.low > d.high:
             raise InputError(f"low ({d.low}) must be <= high ({d.high})", source=where)
         if kind == "zipf":
@@ -336,6 +350,17 @@ def _length_dist(key: str, v: Any, default: LengthDist, source: str) -> LengthDi
         except InputError as exc:
             raise InputError(f"path: {exc}", source=where) from None
     return d
+
+
+def _check_len(n: int, key: str, where: str) -> None:
+    if n > MAX_LEN:
+        raise InputError(f"field {key!r} must be <= {MAX_LEN} (vLLM's max_model_len is an "
+                         f"int32), got {n}", source=where)
+
+
+#: the most seconds a generated workload may span on average (num_requests / rate): the
+#: run's time series keeps one row per second of it (sim.validate.MAX_SERIES_BUCKETS)
+MAX_SPAN_S = 10_000_000
 
 
 def workload_from_mapping(d: dict[str, Any], source: str = "<workload spec>") -> WorkloadSpec:
@@ -364,10 +389,16 @@ def workload_from_mapping(d: dict[str, Any], source: str = "<workload spec>") ->
     if num_requests > MAX_GENERATED:
         raise InputError(f"field 'num_requests' must be <= {MAX_GENERATED:,}, got "
                          f"{num_requests}", source=source)
+    rate = _spec_num(d, "rate", 10.0, source, integer=False, low=0, exclusive=True)
+    if num_requests / rate > MAX_SPAN_S and not d.get("concurrency"):
+        raise InputError(f"field 'rate' {rate:g} spreads {num_requests} requests over "
+                         f"{num_requests / rate:.3g} s; allowed: num_requests / rate <= "
+                         f"{MAX_SPAN_S:,} s (116 days), i.e. rate >= "
+                         f"{num_requests / MAX_SPAN_S:g}", source=source)
     return WorkloadSpec(
         num_requests=num_requests,
         arrival=arrival,
-        rate=_spec_num(d, "rate", 10.0, source, integer=False, low=0, exclusive=True),
+        rate=rate,
         cv=_spec_num(d, "cv", 1.0, source, integer=False, low=0, exclusive=True),
         input=_length_dist("input", d.get("input"), LengthDist("fixed", 512), source),
         output=_length_dist("output", d.get("output"), LengthDist("fixed", 128), source),

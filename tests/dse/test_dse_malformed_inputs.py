@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -18,8 +19,10 @@ from dse_testkit import BASE_SPACE, write_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dse.report
 import dse.study
 from dse.cli import main
+from sim.errors import InputError
 
 _TEXT = yaml.safe_dump(BASE_SPACE, sort_keys=False)
 
@@ -44,6 +47,27 @@ def _knobs(**kw):
     return {**BASE_SPACE, "knobs": kw}
 
 
+def _gen(**kw):
+    gen = {**BASE_SPACE["workload"]["generate"], **kw}
+    return {**BASE_SPACE, "workload": {"generate": gen}}
+
+
+@pytest.mark.parametrize("line,needles", [
+    ('{"input_toks": 2, "output_toks": 1, "input_tok_ids": [1, 999999999]}',
+     ["workload.file", "token id 999999999", "vocab_size=128256"]),
+    ('{"input_toks": 2, "output_toks": 1, "arrival_time_ns": 100000000000000000}',
+     ["workload.file", "request 0 starts 1e+08 s", "at most 10,000,000"]),
+])
+def test_space_file_workload_refused(tmp_path, line, needles, capsys, monkeypatch):
+    """A trace the model cannot replay is refused when the space is read, not by every
+    trial: ids past the vocabulary, an arrival a time series cannot hold."""
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    (tmp_path / "w.jsonl").write_text(line + "\n")
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "workload": {"file": "w.jsonl"}}))
+    assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
+
+
 # (id, the space file's text, needles)
 SPACE_CASES = [
     ("top-level-key-twice", _TEXT + "name: other\n", ["'name' appears twice", "lines 1 and"]),
@@ -56,6 +80,34 @@ SPACE_CASES = [
      ["knobs.tp", "no value divides num_attention_heads=32", "1, 2, 4, 8, 16, 32"]),
     ("smallest-configuration-over-budget", yaml.safe_dump(_knobs(tp=[4], replicas=[2, 4])),
      ["knobs", "tp=4", "replicas=2", "needs 8 devices", "budget.total_devices (4)"]),
+    # a rate that spreads the requests over centuries (1e-300: an OverflowError traceback
+    # in every trial; 1e-6: a time series of 60 million rows)
+    ("generate-rate-1e-300", yaml.safe_dump(_gen(rate=1e-300)),
+     ["field 'rate' 1e-300", "num_requests / rate <= 10,000,000 s", "rate >= 6e-06"]),
+    ("generate-rate-1e-6", yaml.safe_dump(_gen(rate=1e-6)), ["field 'rate' 1e-06"]),
+    # a budget of 10**12 devices ran out of memory building each configuration's cluster
+    ("budget-of-a-million-devices", yaml.safe_dump({**BASE_SPACE, "budget": {
+        "total_devices": 10**6, "devices_per_node": 8}}),
+     ["budget.total_devices: must be <= 65536, got 1000000"]),
+    ("devices-per-node-10e12", yaml.safe_dump({**BASE_SPACE, "budget": {
+        "total_devices": 8, "devices_per_node": 10**12}}),
+     ["budget.devices_per_node: must be <= 65536"]),
+    # Optuna's samplers take a numpy RandomState seed: 10**12 was a ValueError traceback
+    ("search-seed-past-2-32", yaml.safe_dump(
+        {**BASE_SPACE, "search": {**BASE_SPACE["search"], "seed": 10**12}}),
+     ["search.seed: must be <= 4294967295, got 1000000000000"]),
+    # no silent default length: `input: {}` gave 128 tokens, an absent input 512
+    ("generate-input-empty-mapping", yaml.safe_dump(_gen(input={})),
+     ["input: a fixed length needs 'value'"]),
+    ("generate-uniform-without-high", yaml.safe_dump(_gen(input={"kind": "uniform", "low": 8})),
+     ["input: a uniform length needs 'high'"]),
+    ("generate-zipf-without-bounds", yaml.safe_dump(_gen(output={"kind": "zipf"})),
+     ["output: a zipf length needs 'low' and 'high'"]),
+    ("generate-uniform-high-10e12", yaml.safe_dump(_gen(input={"kind": "uniform", "low": 1,
+                                                               "high": 10**12})),
+     ["input", "'high' must be <= 2147483647", "1000000000000"]),
+    ("generate-fixed-10e12", yaml.safe_dump(_gen(output=10**12)),
+     ["output", "'value' must be <= 2147483647"]),
 ]
 
 
@@ -68,6 +120,14 @@ def test_space_refused_by_check_and_search(tmp_path, text, needles, capsys, monk
     assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
     assert_one_line(capsys, main(["search", str(p), "--out", str(tmp_path / "o")]),
                     [str(p), *needles])
+
+
+def test_search_seed_flag_past_2_32(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    p = tmp_path / "space.yaml"
+    p.write_text(_TEXT)
+    rc = main(["search", str(p), "--out", str(tmp_path / "o"), "--seed", str(2**32)])
+    assert_one_line(capsys, rc, ["--seed: must be <= 4294967295, got 4294967296"])
 
 
 def test_merge_keys_may_still_override(tmp_path, capsys):
@@ -121,6 +181,10 @@ FOLDER_CASES = [
     ("journal-corrupt", _w("study.journal", b"garbage\xff\n"),
      ["study.journal", "corrupt", "--fresh"]),
     ("journal-missing", _w("study.journal", None), ["study.journal", "no study named 't'"]),
+    ("journal-a-folder", _w("study.journal", "DIR"),
+     ["study.journal", "cannot read the study journal", "Is a directory"]),
+    ("journal-torn-record", lambda out: (out / "study.journal").open("ab").write(b"@99 00"),
+     None),  # a commit cut short is left out: the report is made
     ("report-html-a-folder", _w("report.html", "DIR"), ["report.html", "Is a directory"]),
     ("best-a-file", _w("best", b"x"), ["best", "File exists"]),
 ]
@@ -133,6 +197,9 @@ def test_report_on_a_damaged_folder(study, tmp_path, damage, needles, capsys):
     copy_ = tmp_path / "copy"
     shutil.copytree(out, copy_)
     damage(copy_)
+    if needles is None:
+        assert main(["report", str(copy_)]) == 0, capsys.readouterr().err
+        return
     assert_one_line(capsys, main(["report", str(copy_)]), needles)
 
 
@@ -154,6 +221,45 @@ def test_search_resume_on_a_corrupt_journal_exits_2_and_keeps_it(study, tmp_path
     rc = main(["search", str(space), "--out", str(copy_), "--workers", "0", "--no-progress"])
     assert_one_line(capsys, rc, ["study.journal", "corrupt", "--fresh"])
     assert hashlib.sha256((copy_ / "study.journal").read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("journal", [b"", b"#dse-journal"], ids=["emptied", "magic-prefix"])
+def test_search_resume_on_a_lost_journal_exits_2_and_keeps_the_folder(study, tmp_path,
+                                                                      journal, capsys):
+    """study.json records a study (it is written after the journal's first commit) but the
+    journal holds none: a new study was started silently over the old one's MLflow runs."""
+    space, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    (copy_ / "study.journal").write_bytes(journal)
+    def state():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else
+                sorted(x.name for x in p.iterdir()) for p in copy_.iterdir()
+                if p.name != ".dse.lock"}
+
+    before = state()
+    rc = main(["search", str(space), "--out", str(copy_), "--workers", "0", "--no-progress"])
+    assert_one_line(capsys, rc, ["study.journal", "holds no study named 't'", "study.json",
+                                 "--fresh"])
+    assert state() == before
+
+
+def test_report_on_a_damaged_mlflow_store(study, tmp_path, capsys):
+    """The report reads earlier trials' request tables from MLflow: a damaged store was a
+    sqlalchemy traceback."""
+    _, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    (copy_ / "mlflow.db").write_bytes(b"garbage" * 100)
+    meta = json.loads((copy_ / "study.json").read_text())
+    meta["tracking_uri"] = f"sqlite:///{copy_ / 'mlflow.db'}"  # the copy's, damaged
+    (copy_ / "study.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError) as exc:
+        dse.report.request_tables(copy_, [0])
+    msg = str(exc.value)
+    assert "\n" not in msg
+    for n in ("study.json", "cannot read the MLflow store", "file is not a database"):
+        assert n in msg, msg
 
 
 def test_report_on_the_undamaged_study_still_works(study, tmp_path, capsys):

@@ -266,6 +266,45 @@ def test_good_pim_config_loads(tmp_path):
     assert (dev.channels, dev.tCK_ns) == (8, 1.0)
 
 
+# LLMServingSim reads cpu_mem.pim_config only with attention offloading on
+# (inference_serving/config_builder.py builds its PIMModel in that branch), so the .ini is
+# parsed only then; but a name that is no file and no known device is a mistake whatever the
+# flags: refused at load (it was accepted silently without --enable-attn-offloading).
+PIM_NAME_CASES = [
+    ("missing-path", lambda t: str(t / "nope" / "dev.ini"), ["no such file", "DDR4_8GB_3200_pim"]),
+    ("a-folder", lambda t: str(t / "adir.ini"), ["is a folder"]),
+    ("unknown-name", lambda t: "NoSuchPIM", ["unknown PIM config 'NoSuchPIM'", "HBM2_1GB"]),
+]
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["offload-off", "offload-on"])
+@pytest.mark.parametrize("name,needles", [c[1:] for c in PIM_NAME_CASES],
+                         ids=[c[0] for c in PIM_NAME_CASES])
+def test_pim_config_naming_no_file_refused_at_load(d, tmp_path, name, needles, offload,
+                                                     capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    (tmp_path / "adir.ini").mkdir()
+    c = cluster_dict(300)
+    c["nodes"][0]["cpu_mem"]["pim_config"] = name(tmp_path)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"),
+               *(["--enable-attn-offloading"] if offload else [])])
+    assert_one_line(capsys, rc, "llmsim", [str(tmp_path / "c.json"),
+                                           "nodes[0].cpu_mem.pim_config", *needles])
+
+
+def test_pim_config_by_name_or_path_still_loads(tmp_path):
+    from sim.cluster import load_cluster
+
+    (tmp_path / "dev.ini").write_text(GOOD_PIM)
+    for name in ("DDR4_8GB_3200_pim", str(tmp_path / "dev.ini")):
+        c = cluster_dict(300)
+        c["nodes"][0]["cpu_mem"]["pim_config"] = name
+        (tmp_path / "c.json").write_text(json.dumps(c))
+        assert load_cluster(tmp_path / "c.json").nodes[0].pim_config == name
+
+
 # --------------------------------------------------------------------- llmsim compare
 _GOOD_RESULT = json.dumps({"mean_ttft_ms": 10.0, "request_throughput": 2.0, "completed": 5})
 
@@ -333,6 +372,17 @@ BENCH_CASES = [
     ("metric-percentiles-nan", ["--metric-percentiles", "nan"], ["--metric-percentiles"]),
     ("percentile-metrics-unknown", ["--percentile-metrics", "foo"], ["foo", "ttft, tpot"]),
     ("num-prompts-past-memory", ["--num-prompts", str(2**40)], ["out of memory"]),
+    # parallelism past what one node of the hardware holds (-dp 100000 built 100,000
+    # instances for minutes, -pp past the layers simulated stages without a layer)
+    ("dp-past-the-node", ["-dp", "100000"],
+     ["--data-parallel-size 100000", "100000 devices", "H100-SXM node holds 8",
+      "dp x tp x pp <= 8"]),
+    ("dp-tp-pp-past-the-node", ["-dp", "2", "-tp", "4", "-pp", "2"],
+     ["16 devices", "holds 8"]),
+    ("tp-huge", ["-tp", "100000"],
+     ["--tensor-parallel-size=100000", "num_attention_heads=32", "1, 2, 4, 8, 16, 32"]),
+    ("pp-huge", ["-pp", "100000"], ["--pipeline-parallel-size=100000", "allowed: 1..32"]),
+    ("pp-past-the-layers", ["-pp", "33"], ["--pipeline-parallel-size=33", "num_hidden_layers=32"]),
 ]
 
 
@@ -344,6 +394,88 @@ def test_bench_refuses_before_simulating(d, extra, needles, capsys, monkeypatch)
     assert_one_line(capsys, rc, "llmsim", needles)
 
 
+def test_bench_parallelism_refused_in_a_blink(capsys):
+    """The bound is checked before any instance is built: -dp 100000 took minutes."""
+    import time
+
+    t0 = time.perf_counter()
+    rc = main([*_BENCH, "-dp", "100000", "-tp", "100000", "-pp", "100000"])
+    assert time.perf_counter() - t0 < 5
+    assert_one_line(capsys, rc, "llmsim", ["--tensor-parallel-size=100000"])
+
+
+@pytest.mark.parametrize("per_node,needles", [
+    (None, ["holds 8", "the default; the hardware spec gives no devices_per_node"]),
+    (4, ["holds 4", "the catalogue's devices_per_node"]),
+])
+def test_bench_devices_per_node_of_the_spec(per_node, needles):
+    """A hardware spec without devices_per_node gets 8 and the message says so; with it,
+    its value."""
+    import argparse
+    from dataclasses import replace
+
+    from sim.bench import _check_parallel_sizes
+    from sim.hardware import load_hardware
+
+    hw = replace(load_hardware("H100-SXM"), devices_per_node=per_node)
+    args = argparse.Namespace(model="meta-llama/Llama-3.1-8B")
+    _check_parallel_sizes(hw, args, 2, 2, per_node // 4 if per_node else 2)  # fits
+    with pytest.raises(sim.InputError) as exc:
+        _check_parallel_sizes(hw, args, 1, 1, 9)
+    for n in ["= 9 devices", *needles]:
+        assert n in str(exc.value)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8", 1 << 21])
+def test_hardware_devices_per_node_refused(bad):
+    from sim.hardware import _from_mapping
+
+    spec = {"name": "G", "peak_tflops": {"bf16": 100.0}, "mem_size_GiB": 80,
+            "mem_bw_GBps": 2000, "link_bw_GBps": 100, "link_latency_ns": 500,
+            "power_idle_W": 50, "power_tdp_W": 500, "devices_per_node": bad}
+    with pytest.raises(sim.InputError, match="g.yaml: field 'devices_per_node' must be an "
+                       "integer in 1..1048576"):
+        _from_mapping(spec, "g.yaml")
+
+
+def test_run_refuses_more_pipeline_stages_than_layers(d, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    c = cluster_dict(300, hardware="H100-SXM", pp_size=33)
+    c["nodes"][0]["instances"][0]["num_npus"] = 33
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["c.json", "pp_size=33", "num_hidden_layers=32"])
+
+
+@pytest.mark.parametrize("edit,needles", [
+    # 10**6 GiB of HBM: 4.6 * 10**8 KV blocks, a minute and 14 GB before the first step
+    (lambda c: c["nodes"][0]["instances"][0]["npu_mem"].update(mem_size=10**6),
+     ["instance 0", "npu_mem.mem_size=1e+06 GiB", "at most 33,554,432"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(num_gpu_blocks_override=2**30),
+     ["instance 0", "1,073,741,824 blocks", "num_gpu_blocks_override"]),
+    # 20,000 instances on one node: out of time and memory
+    (lambda c: c["nodes"][0].update(num_instances=2000,
+                                    instances=c["nodes"][0]["instances"] * 2000),
+     ["instance 1172", "at most 33,554,432 in all", "fewer instances"]),
+], ids=["mem-size-a-million-gib", "block-override-2-30", "2000-instances"])
+def test_run_refuses_kv_caches_past_what_it_can_hold(d, tmp_path, edit, needles, capsys,
+                                                       monkeypatch):
+    import time
+
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    c = cluster_dict(300, hardware="H100-SXM")
+    c["nodes"][0]["instances"][0].pop("num_gpu_blocks_override")
+    c["nodes"][0]["instances"][0]["npu_mem"].update(mem_size=80, mem_util=0.9)
+    edit(c)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    t0 = time.perf_counter()
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    assert_one_line(capsys, rc, "llmsim", ["c.json", *needles])
+    assert time.perf_counter() - t0 < 20
+
+
 # ------------------------------------------------------------------- workload JSONL
 JSONL_CASES = [
     ("duplicate-key", '{"input_toks": 20, "input_toks": 30, "output_toks": 3}\n',
@@ -352,7 +484,49 @@ JSONL_CASES = [
      '"output_toks": 5}]}\n', [":1", "'output_toks' appears twice"]),
     ("huge-int", '{"input_toks": ' + "9" * 5000 + ', "output_toks": 3}\n',
      [":1", "malformed JSON", "4300"]),
+    # lengths past vLLM's int32 max_model_len: a 10**12-token prompt ran out of memory
+    # (or for minutes) before the simulator said it could never fit
+    ("enormous-prompt", '{"input_toks": 1000000000000, "output_toks": 3}\n',
+     [":1", "'input_toks' must be in 1..2147483647", "int32"]),
+    ("enormous-output", '{"input_toks": 3, "output_toks": 1000000000000}\n',
+     [":1", "'output_toks' must be in 1..2147483647"]),
+    # an arrival at 2**62 ns hung for hours building one time-series row per second
+    ("arrival-146-years-out", '{"input_toks": 3, "output_toks": 3, "arrival_time_ns": '
+     f'{2**62}}}\n', ["request 0 starts 4.612e+09 s", "4,611,686,019 rows of 1 s",
+                       "at most 10,000,000", "--timeseries-interval-s 462"]),
+    ("tool-pauses-146-years", '{"sub_requests": [{"input_toks": 2, "output_toks": 1}, '
+     f'{{"input_toks": 2, "output_toks": 1, "tool_duration_ns": {2**62}}}]}}\n',
+     ["request 0 starts", "tool pauses", "at most 10,000,000"]),
+    # vLLM refuses a prompt with an id past the vocabulary; it was replayed silently
+    ("token-id-past-the-vocabulary", '{"input_toks": 2, "output_toks": 1, '
+     '"input_tok_ids": [5, 1000000000]}\n',
+     ["request 0: input_tok_ids holds token id 1000000000", "out of the vocabulary of",
+      "allowed: 0.."]),
 ]
+
+
+@pytest.mark.parametrize("iv", ["1e-9", "1e-4", "1e300", "inf"])
+def test_run_timeseries_interval_out_of_range(d, tmp_path, iv, capsys, monkeypatch):
+    """1e-9 s ran for hours (a row per nanosecond of simulated time); 1e300 was an
+    OverflowError traceback."""
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv"), "--timeseries-interval-s", iv])
+    assert_one_line(capsys, rc, "llmsim", ["--timeseries-interval-s", "0.001..1e9"])
+
+
+def test_jsonl_with_a_byte_order_mark_runs_as_without(d, tmp_path, capsys):
+    """A UTF-8 BOM (Windows editors write one) was a 'malformed JSON' error on line 1."""
+    line = '{"input_toks": 20, "output_toks": 3, "arrival_time_ns": 0}\r\n'
+    outs = []
+    for name, data in (("plain", line.encode()), ("bom", b"\xef\xbb\xbf" + line.encode())):
+        (tmp_path / f"{name}.jsonl").write_bytes(data)
+        rc = main(["run", "--cluster", str(d / "c.json"), "--dataset",
+                   str(tmp_path / f"{name}.jsonl"), "--output", str(tmp_path / f"{name}.csv"),
+                   "--profiles", str(d / "profiles"), "--latency-provider", "measured"])
+        assert rc == 0, capsys.readouterr().err
+        outs.append((tmp_path / f"{name}.csv").read_bytes())
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("text,needles", [c[1:] for c in JSONL_CASES],

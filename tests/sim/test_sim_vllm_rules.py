@@ -295,3 +295,21 @@ def test_decode_side_requests_wait_outside_running_until_their_kv_lands():
     assert s.schedule(5) is None
     assert scheduled(s.schedule(10)) == {0: (31, 1)}  # the first token, max_num_seqs = 1
     assert s.receiving == [b]
+
+
+def test_without_max_model_len_the_models_position_limit_applies(monkeypatch):
+    # vLLM derives max_model_len from the model's config (max_position_embeddings) when the
+    # flag is not given: a longer prompt is refused and outputs stop at the limit. Before,
+    # the simulator had no limit without the flag (a 200,000-token prompt was simulated).
+    import dataclasses
+
+    import sim.engine
+    real = sim.engine.instance_model
+    monkeypatch.setattr(sim.engine, "instance_model", lambda *a, **kw: dataclasses.replace(
+        real(*a, **kw), max_position_embeddings=120))
+    res = _len_run(None)
+    assert res.summary["rejected_requests"] == 1  # the 300-token prompt
+    t = res.requests_table().set_index("request_id")
+    assert t.loc[0, "output_tokens"] == 20 and t.loc[1, "output_tokens"] == 30
+    # the flag still overrides the model's limit
+    assert _len_run(1000).summary["rejected_requests"] == 0
