@@ -13,6 +13,7 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from astrasim import GraphBuilder
 
@@ -21,7 +22,8 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.leap import apply_leap, plan_leap, steady_decode, step_shape
+from sim.leap import (NEVER, apply_leap, finished_in, finishing, plan_leap, segment_end,
+                      steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
@@ -472,6 +474,9 @@ class _Run:
         release the backlog one request per finished one."""
         self.pending: list[tuple[int, int, Request]] = []
         self.clients = workload.closed_loop_clients
+        # a leap may run through finishes: none releases another request
+        self.leap_finishes = self.clients == 0 and not any(
+            r.next_sub is not None for r in self.all_reqs)
         self.paced = workload.paced  # a freed client sends the next request at its own time
         self.backlog: list[Request] = []
         if self.clients > 0:
@@ -789,7 +794,9 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
-        plan = plan_leap(sch, in_flight)
+        finishes = self.leap_finishes and b1 is not None and not sch.waiting
+        plan = plan_leap(sch, in_flight, finishes,
+                         self._step_cap(idx, b1, horizon) if finishes else NEVER)
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
@@ -797,13 +804,22 @@ class _Run:
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
-        leaving = [sch.running[i] for i in plan.leaving]
+        finished = finished_in(plan, len(completions)) if plan.bounds else len(plan.leaving)
         self._apply_leap(unit, idx, plan, durations, completions, in_flight)
-        if leaving:
-            self.remaining -= len(leaving)
+        if finished:
+            self.remaining -= finished
             if self.progress is not None:
-                self.progress.update(len(self.all_reqs) - self.remaining, completions[0])
+                self.progress.update(len(self.all_reqs) - self.remaining, completions[-1])
         return True
+
+    def _step_cap(self, idx: int, own_step, horizon: int) -> int:
+        """A bound on the steps a stretch plans for: twice those the last step's time
+        lets fit before the horizon (a stretch stopped there is followed by another)."""
+        last = self.last_step_ns[idx]
+        if last <= 0:
+            return 64
+        t = own_step[0] if own_step is not None else self.now
+        return 2 * max(0, horizon - t) // last + 16
 
     def _horizon(self, own_step) -> int:
         """The first time at which something other than the leaping unit's own step may
@@ -821,7 +837,6 @@ class _Run:
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
         flight) whenever it may be, so every step timed is a step taken."""
         inst = self.instances[idx]
-        n = plan.num_stay
         max_done = plan.max_completions
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
@@ -838,8 +853,9 @@ class _Run:
         append, complete = durations.append, completions.append
         j = 0
         while j < limit:
-            shape = step_shape(plan, n, j)
-            stretch = timer(inst, shape, min(chunk, limit - j)) if timer is not None else None
+            shape = step_shape(plan, j)
+            count = min(chunk, limit - j, segment_end(plan, j) - j if plan.bounds else chunk)
+            stretch = timer(inst, shape, count) if timer is not None else None
             if stretch is None:
                 timer = None
                 chunk_ns = [self.backend.iteration_ns(inst, shape, 0)]
@@ -872,27 +888,33 @@ class _Run:
         sch = inst.scheduler
         steps = len(durations)
         batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
-        n = len(sch.running)
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
-        free0, pops_through = plan.free0 + plan.freed, plan.pops_through  # (freed at the first)
+        free0, pops_through = plan.free0, plan.pops_through
+        freed = list(accumulate(plan.freed_at))  # freed[k]: by the k-th completion
+        last_freed = len(freed) - 1
 
-        def kv_usage(k: int) -> float:  # after completion k
-            return (usable - (free0 - pops_through[k])) / usable
+        def kv_usage(k: int) -> float:  # after completion k (0-based)
+            f = freed[k + 1] if k < last_freed else freed[-1]
+            return (usable - (free0 + f - pops_through[k])) / usable
 
-        first = 0
-        if completions and in_flight is not None:  # it may finish prompts
-            self.series.record(completions[0], in_flight.prefill_tokens,
-                               in_flight.decode_tokens, n, waiting, kv_usage(0))
-            first = 1
-        self.series.record_decode_steps(completions[first:], n, n, waiting,
-                                        lambda k: kv_usage(k + first))
+        if plan.bounds and plan.bounds[0] < len(completions):  # finishes past the first
+            _record_leap_series(self.series, plan, completions, in_flight, waiting, kv_usage)
+        else:
+            n = len(sch.running)
+            first = 0
+            if completions and in_flight is not None:  # it may finish prompts
+                self.series.record(completions[0], in_flight.prefill_tokens,
+                                   in_flight.decode_tokens, n, waiting, kv_usage(0))
+                first = 1
+            self.series.record_decode_steps(completions[first:], n, n, waiting,
+                                            lambda k: kv_usage(k + first))
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if self.power.enabled:
             rows = self.steps.setdefault(inst.instance_id, [])
             for j, (start, d) in enumerate(zip(starts, durations)):
-                shape = step_shape(plan, n, j)
+                shape = step_shape(plan, j)
                 rows.append((start, start + d, iteration_memory_bytes(inst, shape),
                              iteration_link_bytes(inst, shape)))
         if batch is not None:
@@ -943,6 +965,37 @@ class _Run:
         # one number a search can constrain on: lookups the latency data did not cover
         summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(self.all_reqs, summary, self.series)
+
+
+def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,
+                        kv_usage) -> None:
+    """The time-series records of an (async) leap in which requests finish past the
+    first completion, as each completion's would be: the step in flight at the start may
+    finish prompts; completion k (0-based) then gives a token to each request in its
+    step and leaves running those that do not finish there."""
+    drops = plan.drops
+    done = len(completions)
+    total = len(drops)
+    ends = sorted(drops[i] for i in finishing(plan, done))
+    e = 0  # the requests finished so far
+    first = 0
+    if in_flight is not None:  # it may finish prompts
+        while e < len(ends) and ends[e] <= 0:
+            e += 1
+        series.record(completions[0], in_flight.prefill_tokens, in_flight.decode_tokens,
+                      total - e, waiting, kv_usage(0))
+        first = 1
+    k = first
+    while k < done:
+        gen = total - e  # (the requests in step k - 1: not finished before completion k)
+        e0 = e
+        while e < len(ends) and ends[e] <= k:
+            e += 1
+        # completions up to the next finish give the same tokens and leave the same running
+        hi = k + 1 if e > e0 else (min(done, ends[e]) if e < len(ends) else done)
+        series.record_decode_steps(completions[k:hi], gen, total - e, waiting,
+                                   lambda m, k=k: kv_usage(m + k))
+        k = hi
 
 
 def _raise_unschedulable(inst: InstanceRuntime) -> None:

@@ -33,6 +33,9 @@ from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
 from sim.scheduler import Batch, Scheduler
 
+#: a first block step for requests that allocate none
+NEVER = 1 << 60
+
 
 @dataclass(slots=True)
 class LeapPlan:
@@ -40,7 +43,7 @@ class LeapPlan:
 
     #: most steps that may be scheduled in the stretch
     max_steps: int
-    #: most step completions that may be applied (none may finish a request)
+    #: most step completions that may be applied (one request at least stays)
     max_completions: int
     #: per request: tokens computed and generated when the stretch starts
     computed0: list[int]
@@ -52,21 +55,22 @@ class LeapPlan:
     pops_through: list[int]
     #: free blocks when the stretch starts
     free0: int
-    #: step 0's decode KV: sum, max, min (each step adds len(running), 1, 1)
-    kv_sum0: int
-    kv_max0: int
-    kv_min0: int
-    #: step 0's sum of squared decode KVs (step j adds 2 j kv_sum0 + len(running) j^2)
-    kv_sq0: int
     #: per scheduled step, the waiting head's prefix-cache lookup to account (hit blocks,
     #: queried tokens), or None when the head is not looked up
     head_lookup: tuple[int, int] | None
     #: (async) indices of the requests whose step in flight is their last: not scheduled
-    #: again, they finish at the first completion, which frees ``freed`` blocks
+    #: again, they finish at the first completion
     leaving: list[int]
-    freed: int
-    #: the requests each step of the stretch decodes
-    num_stay: int
+    #: blocks freed at each completion (index k: the k-th, 1-based; index 0: none), which
+    #: steps from the k-th on may take
+    freed_at: list[int]
+    #: (async) per request, the first step it is not in: it finishes at completion
+    #: ``drop + 1`` (None: sync, every request is in every step)
+    drops: list[int] | None
+    #: the steps at which the batch shrinks (sorted), and per batch between them (lazily)
+    #: its decode KV at step 0: count, sum, max, min, sum of squares
+    bounds: list[int]
+    segs: dict
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
@@ -85,24 +89,39 @@ def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
     return in_flight is None
 
 
-def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
+def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
+              step_cap: int = NEVER) -> LeapPlan | None:
     """Bound a stretch of steady decode steps, or None where there is none
     (``steady_decode`` must hold). One pass over the running requests checks that each
     is in steady decode (its next step computes one token and samples one; async: its
     one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
-    the completions before the first finish and the step at which each starts its next
+    the completions the stretch may apply and the step at which each starts its next
     block. (Async) a request whose step in flight is its last leaves at the first
-    completion (where nothing waits: its blocks freed could admit a request)."""
+    completion (where nothing waits: its blocks freed could admit a request). With
+    ``may_finish`` (async, nothing waiting, no request releasing another) requests may
+    finish at any completion of the stretch, the batch shrinking, while one stays; then
+    the plan covers ``step_cap`` completions at most (past the first finish), the steps
+    that timing will likely allow (any bound is exact: a shorter stretch is followed by
+    another)."""
     head_hit = _head_hit(sch)
     if head_hit is False:
         return None
     running = sch.running
-    counters = _steady_counters(sch, in_flight)
+    general = may_finish and sch.async_scheduling and not sch.waiting
+    counters = _steady_counters(sch, in_flight, general, step_cap)
     if counters is None:
         return None
-    computed0, output0, firsts, leaving, max_completions, kv_sum, kv_max, kv_min, kv_sq = counters
-    freed = _freed_blocks(sch, [running[i] for i in leaving])
-    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1, len(freed))
+    computed0, output0, firsts, drops, max_completions = counters
+    leaving = [i for i, d in enumerate(drops) if d == 0] if drops is not None else []
+    if general:
+        freed = []
+        freed_at = _freed_at(sch, firsts, drops, max_completions)
+    else:
+        freed = _freed_blocks(sch, [running[i] for i in leaving])
+        freed_at = [0, len(freed)]
+    # (only where requests may finish past the first completion do their blocks stop)
+    pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
+                                                drops if general else None, freed_at)
     head_lookup = None
     waiting = sch.waiting
     stay = len(running) - len(leaving)
@@ -117,17 +136,19 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None) -> LeapPlan | None:
                                                         freed, head_hit)
     if max_steps < 1:
         return None
+    # (the batch shrinks only where requests may finish past the first completion)
+    bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, kv_sum, kv_max, kv_min, kv_sq, head_lookup, leaving, len(freed),
-                    stay)
+                    free0, head_lookup, leaving, freed_at, drops, bounds, {})
 
 
-def _steady_counters(sch: Scheduler, in_flight: Batch | None):
+def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
+                     step_cap: int = NEVER):
     """``plan_leap``'s pass over the running requests (a few passes, each in C where it
     can be): None unless each is in steady decode; else their computed and output
-    counters, the step at which each starts its next block, the leaving ones, the
-    completions before the first finish, and the staying ones' decode-KV sum, max, min
-    and sum of squares."""
+    counters, the step at which each starts its next block, (async) the step each is
+    dropped from, and the completions the stretch may apply: before the first finish
+    of a request in step 0 (``general``: before the last request finishes)."""
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     if ph and in_flight.requests != running:  # (Requests compare by identity)
@@ -142,27 +163,32 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None):
                                     for r, c, o in zip(running, computed0, output0)):
         return None
     room = sch.max_model_len
-    # No completion in the stretch may finish a request (its output length or max_model_len).
+    # Completions left to each request (its output length or max_model_len).
     lefts = [(r.output_len if r.output_len < room - r.input_len else room - r.input_len) - o
              for r, o in zip(running, output0)]
     bs = sch.kv.block_size
     firsts = [len(r.block_ids) * bs - c for r, c in zip(running, computed0)]
-    leaving = [i for i, left in enumerate(lefts) if left == 1] if ph else []
-    if leaving:
-        stay = [i for i, left in enumerate(lefts) if left != 1]
-        if not stay:
-            return None
-        for i in leaving:
-            firsts[i] = NEVER
-        stay_computed = [computed0[i] for i in stay]
-        max_completions = min(lefts[i] for i in stay) - 1
+    drops = None
+    if ph:
+        # (async) a request with L completions left is in steps 0 .. L - 2 and finishes
+        # at the L-th completion
+        drops = [left - 1 for left in lefts]
+        if 1 in lefts:
+            if max(lefts) == 1:
+                return None
+            max_completions = min(left for left in lefts if left != 1) - 1
+            for i, d in enumerate(drops):
+                if d == 0:
+                    firsts[i] = NEVER
+        else:
+            max_completions = min(lefts) - 1
+        if general and step_cap > max_completions:
+            max_completions = min(max(lefts) - 1, step_cap)
     else:
-        stay_computed = computed0
         max_completions = min(lefts) - 1
     if max_completions < 1 or min(firsts) < 0:
         return None
-    return (computed0, output0, firsts, leaving, max_completions, sum(stay_computed),
-            max(stay_computed), min(stay_computed), sum(map(mul, stay_computed, stay_computed)))
+    return computed0, output0, firsts, drops, max_completions
 
 
 def _head_hit(sch: Scheduler):
@@ -185,10 +211,6 @@ def _head_hit(sch: Scheduler):
     return hit
 
 
-#: a first block step for requests that allocate none
-NEVER = 1 << 60
-
-
 def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
     """Blocks that freeing these requests (in order, each one's last block first)
     appends to the free queue: those no other request holds."""
@@ -206,22 +228,63 @@ def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
     return out
 
 
-def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, freed: int):
+def _freed_at(sch: Scheduler, firsts: list[int], drops: list[int], max_completions: int
+              ) -> list[int]:
+    """Blocks freed at each completion up to ``max_completions`` (index k: the k-th)
+    by the requests finishing there (in running order, as ``Scheduler.complete``): those
+    of its blocks no other request holds, and every block it takes in the stretch."""
+    bs = sch.kv.block_size
+    ref = sch.kv.ref
+    running = sch.running
+    freed_at = [0] * (max_completions + 1)
+    order = sorted((d, i) for i, d in enumerate(drops) if d < max_completions)
+    left: dict[int, int] = {}
+    for d, i in order:
+        bids = running[i].block_ids
+        if not left and sum(map(ref.__getitem__, bids)) == len(bids):
+            k = len(bids)  # (no block shared: each is freed)
+        else:
+            k = 0
+            for b in bids:
+                n = left.get(b, ref[b]) - 1
+                left[b] = n
+                k += n == 0
+        f = firsts[i]
+        if f < d:
+            k += (d - 1 - f) // bs + 1
+        freed_at[d + 1] += k
+    return freed_at
+
+
+def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[int] | None,
+                freed_at: list[int]):
     """(blocks each step allocates, their running total, the steps the free blocks
-    allow): request i takes one at step firsts[i] and every block_size steps after;
-    ``freed`` blocks join the free ones after step 0."""
+    allow): request i takes one at step firsts[i] and every block_size steps after,
+    while it is in the batch (before step drops[i]); ``freed_at[k]`` blocks join the
+    free ones after the k-th completion, for step k on."""
     bs = sch.kv.block_size
     pops = [0] * max_steps
-    for f in firsts:
-        if f < max_steps:
-            pops[f] += 1
+    if drops is None:
+        for f in firsts:
+            if f < max_steps:
+                pops[f] += 1
+    else:
+        for f, d in zip(firsts, drops):
+            if f < d and f < max_steps:
+                pops[f] += 1
+                e = f + (d - f + bs - 1) // bs * bs  # its first block step not in the batch
+                if e < max_steps:
+                    pops[e] -= 1
     for j in range(bs, max_steps):
         pops[j] += pops[j - bs]
     pops_through = list(accumulate(pops))
-    free = sch.kv.num_free
-    if pops_through[0] > free:
-        return pops, pops_through, 0
-    return pops, pops_through, min(max_steps, bisect_right(pops_through, free + freed))
+    cap = sch.kv.num_free
+    n = min(len(freed_at), max_steps)
+    for j in range(n):
+        cap += freed_at[j]
+        if pops_through[j] > cap:
+            return pops, pops_through, j
+    return pops, pops_through, bisect_right(pops_through, cap, n)
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -315,11 +378,32 @@ def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: in
     return -(-(head.num_computed + n) // bs) - len(head.block_ids) <= free
 
 
-def step_shape(plan: LeapPlan, num_running: int, j: int) -> BatchShape:
-    """Step ``j``'s shape: every request decodes one token over its KV, one longer a step."""
-    return BatchShape(num_running, num_running, 0, 0, num_running,
-                      plan.kv_sum0 + num_running * j, plan.kv_max0 + j, plan.kv_min0 + j, 0,
-                      plan.kv_sq0 + 2 * j * plan.kv_sum0 + num_running * j * j)
+def step_shape(plan: LeapPlan, j: int) -> BatchShape:
+    """Step ``j``'s shape: every request in it decodes one token over its KV, one longer
+    a step."""
+    s = bisect_right(plan.bounds, j) if plan.bounds else 0
+    seg = plan.segs.get(s)
+    if seg is None:
+        seg = plan.segs[s] = _segment(plan, s)
+    n, kv_sum0, kv_max0, kv_min0, kv_sq0 = seg
+    return BatchShape(n, n, 0, 0, n, kv_sum0 + n * j, kv_max0 + j, kv_min0 + j, 0,
+                      kv_sq0 + 2 * j * kv_sum0 + n * j * j)
+
+
+def segment_end(plan: LeapPlan, j: int) -> int:
+    """The first step after ``j`` whose batch differs from step ``j``'s."""
+    s = bisect_right(plan.bounds, j)
+    return plan.bounds[s] if s < len(plan.bounds) else NEVER
+
+
+def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
+    """The step-0 decode KVs of the batch of the steps from ``plan.bounds[s - 1]`` on:
+    count, sum, max, min, sum of squares."""
+    c = plan.computed0
+    if plan.drops is not None and (s or plan.leaving):
+        lo = plan.bounds[s - 1] if s else 0
+        c = [k for k, d in zip(c, plan.drops) if d > lo]
+    return len(c), sum(c), max(c), min(c), sum(map(mul, c, c))
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
@@ -347,27 +431,42 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     else:
         for r, c0 in zip(running, plan.computed0):
             r.num_computed = c0 + steps
-    if plan.leaving:
-        gone = set(plan.leaving)
-        sch.running = running = [r for i, r in enumerate(running) if i not in gone]
+    if plan.drops is not None and finishing(plan, done):
+        drops = plan.drops
+        sch.running = running = [r for r, d in zip(running, drops) if d >= done]
     if steps == done and not sch.async_scheduling:
         return None
     n = len(running)
-    return Batch(list(running), [1] * n, step_shape(plan, n, steps - 1), 0, n, 0, [True] * n)
+    return Batch(list(running), [1] * n, step_shape(plan, steps - 1), 0, n, 0, [True] * n)
+
+
+def finishing(plan: LeapPlan, done: int) -> list[int]:
+    """The requests (indices, in running order) that finish within the first ``done``
+    completions."""
+    if plan.bounds and plan.bounds[0] < done:
+        return [i for i, d in enumerate(plan.drops) if d < done]
+    return plan.leaving
+
+
+def finished_in(plan: LeapPlan, done: int) -> int:
+    """How many requests finish within the first ``done`` completions."""
+    return len(finishing(plan, done))
 
 
 def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
                  itl_sink: GapRuns) -> None:
     """Set each request's counters after ``steps`` steps and the completions; each
-    completion gives every request one token: its inter-token gaps in the order
-    ``Scheduler.complete`` appends them (a request without output gets its first token
-    at the first completion: no gap). The leaving ones finish at the first completion."""
+    completion gives every request in its step one token: its inter-token gaps in the
+    order ``Scheduler.complete`` appends them (a request without output gets its first
+    token at the first completion: no gap). (Async) a request dropped from step d
+    finishes at completion d + 1."""
     done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
     gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
     common_max = max(gaps, default=0)
-    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in plan.leaving]
+    ending = finishing(plan, done)
+    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in ending]
     values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
         r.num_computed = c0 + steps
@@ -386,19 +485,33 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if m > r.itl_max_ns:
             r.itl_max_ns = m
         r.last_token_ns = last
+    add = itl_sink.add
+    if not ending:
+        n = len(running)
+        for g in gaps:
+            add(g, n)
+        return
+    drops = plan.drops
+    gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
     for i, itl_max, last_token in before:
         r = running[i]
-        r.num_computed = plan.computed0[i]
-        r.num_output = plan.output0[i] + 1
+        d = drops[i]  # finishes at completion d + 1, its last step d - 1
+        r.num_computed = plan.computed0[i] + d
+        r.num_output = plan.output0[i] + d + 1
         r.num_placeholders = 0
         r.status = FINISHED
-        r.finish_ns = r.last_token_ns = first
-        g = first - last_token if plan.output0[i] else 0
-        r.itl_max_ns = g if g > itl_max else itl_max
-    add = itl_sink.add
-    n = plan.num_stay
-    for g in gaps:
-        add(g, n)
+        r.finish_ns = r.last_token_ns = completion_ns[d]
+        m = first - last_token if plan.output0[i] else 0
+        if d and gap_max[d - 1] > m:
+            m = gap_max[d - 1]
+        r.itl_max_ns = m if m > itl_max else itl_max
+    # completion k + 2 (gaps[k]) gives a token to each request in step k: drop > k
+    ends = sorted(drops[i] for i in ending)
+    e = 0
+    for k, g in enumerate(gaps):
+        while e < len(ends) and ends[e] <= k:
+            e += 1
+        add(g, len(running) - e)
 
 
 def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:
@@ -406,16 +519,16 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     a step that starts a block or fills one (allocate), and (async) a completion that
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
-    within a phase, and (async) the leaving requests' blocks freed after the first
-    completion. Each candidate phase (``_candidates``) re-checks the exact condition."""
+    within a phase, and (async) the blocks of the requests finishing at a completion
+    freed after it. Each candidate phase (``_candidates``) re-checks the exact condition."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
     ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    n = len(running) + 1  # index len(running): the leaving requests' blocks freed
-    leaving = set(plan.leaving)
-    keys = sorted(set(_candidates(sch, plan, steps, n)))
+    n = len(running) + 1  # index len(running): the finishing requests' blocks freed
+    drops = plan.drops
+    keys = sorted(set(_candidates(sch, plan, steps, done, n)))
     computed0, output0 = plan.computed0, plan.output0
     free_before = kv.num_free
     free, ref, block_hash = kv.free, kv.ref, kv.block_hash
@@ -424,8 +537,10 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     for key in keys:
         phase, i = divmod(key, n)
         if i == n - 1:
-            for i in plan.leaving:
-                kv.free_request(running[i])
+            k = (phase + 1) // 2
+            for i in finishing(plan, k):
+                if drops[i] + 1 == k:
+                    kv.free_request(running[i])
             continue
         r = running[i]
         if not phase & 1:
@@ -456,40 +571,48 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
             k = (phase + 1) // 2
             c = r.num_computed = computed0[i] + k
             r.num_output = output0[i] + k
-            if i in leaving:  # not scheduled again: nothing in flight after this one
-                r.num_computed = computed0[i]
-                c = computed0[i] + ph
+            if drops is not None and drops[i] + 1 == k:
+                # its last completion: nothing in flight after this one
+                r.num_computed = computed0[i] + k - 1
+                c = computed0[i] + k - 1 + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
                 cache_blocks(r, c - ph)
-    if free_before - kv.num_free != plan.pops_through[steps - 1] - plan.freed:
+    freed = sum(plan.freed_at[:done + 1])
+    if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, n: int) -> list[int]:
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
-    steps from ``plan.firsts``); a block fills when the tokens to cache cross a multiple
-    of the block size, or at once when its cache lags at the start. A leaving request
-    has only the first completion, after which its blocks are freed (index n - 1).
-    (Async) a staying request's completion k caches what its step k - 1, scheduled
-    before it, has cached already (c0 + k - 1 tokens, c0 = input + output): only its
-    scheduling phases are candidates."""
+    steps from ``plan.firsts``, while it is in the batch); a block fills when the tokens
+    to cache cross a multiple of the block size, or at once when its cache lags at the
+    start. (Async) a request dropped from step d has its last completion d + 1, after
+    which its blocks are freed (index n - 1); a completion k before that caches what its
+    step k - 1, scheduled before it, has cached already (c0 + k - 1 tokens, c0 = input +
+    output): only its scheduling phases and its last completion are candidates."""
     bs = sch.kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
+    drops = plan.drops
+    ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
     keys: list[int] = []
     extend = keys.extend
+    caching = sch.kv.enable_prefix_caching
+    if drops is not None:
+        for i in finishing(plan, done):  # finishes at completion d + 1 <= done
+            d = drops[i]
+            ends[i] = min(sched_end, 2 * (d - 1) * n + n)
+            keys.append((2 * d + 1) * n + n - 1)
+            if caching:
+                keys.append((2 * d + 1) * n + i)
     for i, f in enumerate(plan.firsts):
         if f < steps:
-            extend(range(2 * f * n + i, sched_end, period))
-    if plan.leaving:
-        keys.append(2 * n - 1)
-    if not sch.kv.enable_prefix_caching:
+            extend(range(2 * f * n + i, ends[i], period))
+    if not caching:
         return keys
-    leaving = set(plan.leaving)
     for i, r in enumerate(sch.running):
-        if i in leaving:
-            keys.append(n + i)
+        if drops is not None and drops[i] == 0:
             continue
         c0 = plan.computed0[i]
         cached = r.cached_hashes or 0
@@ -500,5 +623,5 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, n: int) -> list[int]
             if j <= 0:
                 keys.append(i)
                 j = (-base) % bs or bs
-            extend(range(2 * j * n + i, sched_end, period))
+            extend(range(2 * j * n + i, ends[i], period))
     return keys

@@ -223,3 +223,22 @@ def test_decode_stretch_past_the_decode_count_grid_falls_back(bundle_root):
 
     prov = MeasuredProvider(load_model(MODEL), HW, 1, profiles_dirs=(str(bundle_root),))
     assert prov.decode_stretch(BatchShape(300, 300, 0, 0, 300, 6000, 20, 20), 50) is None
+
+
+@pytest.mark.parametrize("caching,shared", [(True, False), (True, True), (False, False)])
+def test_async_stretch_runs_through_finishes(bundle_root, monkeypatch, caching, shared):
+    """Async scheduling, nothing waiting: a stretch goes on when requests finish (the
+    batch shrinks mid-stretch, their blocks freed a completion later than their last
+    step), so 12 requests of 12 output lengths, admitted together, decode in one or
+    two stretches rather than one per finish; the output is unchanged (with shared
+    prefix blocks, freed only by the last holder)."""
+    steps = _count_leaps(monkeypatch)
+    prefix = list(range(5000, 5048))
+    wl = sim.Workload([Request(i, 0, 100 + 7 * i, 40 + 23 * i,
+                               input_ids=(prefix + [90_000 + 1000 * i + k for k in range(52 + 7 * i)]
+                                          if shared else None))
+                       for i in range(12)], source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(400))
+    opts = opts_for(bundle_root, async_scheduling=True, enable_prefix_caching=caching)
+    _assert_same(cluster, wl, opts)
+    assert sum(steps) >= 250 and len(steps) <= 2
