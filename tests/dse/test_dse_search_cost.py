@@ -191,12 +191,19 @@ def test_driver_journal_file_is_always_a_committed_state(tmp_path):
     t.start()
     n = 0
     try:
-        for _ in range(200):
+        for i in range(200):
             for _ in range(7):
                 j.append_logs([_log(n)])
                 n += 1
             j.commit()
             commits.add(n)
+            if i % 20 == 19:
+                # appending is fast: let the reader read between commits (on a loaded
+                # machine its thread might otherwise not run before the last one)
+                before = len(seen)
+                deadline = time.monotonic() + 10
+                while len(seen) <= before and time.monotonic() < deadline:
+                    time.sleep(0.001)
     finally:
         stop.set()
         t.join()
