@@ -115,6 +115,14 @@ def _check_ray_address(flag: str | None, workers: int | None) -> None:
         _probe_address(address, CONNECT_TIMEOUT_S)
 
 
+def _uncounted_draws(rejected: int, repeats: int) -> str:
+    """The draws that did not count toward n_trials, worded for the summary line."""
+    parts = [f"{rejected} draw(s) rejected before simulation"] if rejected else []
+    if repeats:
+        parts.append(f"{repeats} repeated configuration(s) answered from stored results")
+    return f"; not counted: {' and '.join(parts)}" if parts else ""
+
+
 def _sigterm_interrupts() -> None:
     """SIGTERM (a scheduler's or ``kill``'s stop) ends a search as Ctrl-C does: the
     running trials are recorded as interrupted, the workers shut down, the MLflow run
@@ -151,10 +159,10 @@ def cmd_search(a) -> int:
                     deterministic=a.deterministic, seed=a.seed,
                     progress=not a.no_progress, console=console)
     res = driver.run()
-    print(f"{res.complete} trials complete ({res.feasible} feasible, {res.rejected} rejected "
-          f"before simulation, {res.failed} failed) in {res.wall_s:.1f}s on {res.pool}"
-          + (f"; {res.repeats} repeated configuration(s) answered from stored results"
-             if res.repeats else "")
+    print(f"{res.complete} trials simulated ({res.feasible} feasible, "
+          f"{res.complete - res.feasible} outside the SLOs), {res.failed} failed, "
+          f"in {res.wall_s:.1f}s on {res.pool}"
+          + _uncounted_draws(res.rejected, res.repeats)
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
              else ""))
     for line in driver.timing_lines():

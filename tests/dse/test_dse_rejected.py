@@ -73,3 +73,15 @@ def test_all_rejected_space_ends(tmp_path, monkeypatch):
     summary = Driver(load_space(path), out, workers=0, progress=False).run()
     assert summary.complete == 0
     assert len(_trials(out)) == 15
+
+
+def test_summary_line_says_rejections_and_repeats_are_not_counted():
+    # "100 trials complete (68 feasible, 19 rejected ...)" read as 19 of the 100 trials being
+    # rejected; they are extra draws that do not count toward n_trials.
+    from dse.cli import _uncounted_draws
+    assert _uncounted_draws(0, 0) == ""
+    assert _uncounted_draws(19, 10) == ("; not counted: 19 draw(s) rejected before simulation"
+                                        " and 10 repeated configuration(s) answered from "
+                                        "stored results")
+    assert _uncounted_draws(0, 3) == ("; not counted: 3 repeated configuration(s) answered "
+                                      "from stored results")
