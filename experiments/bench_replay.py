@@ -93,7 +93,7 @@ def run_process(out_dir: Path, cache_dir: Path) -> dict:
            "--cluster", str(root / "validation/RTX4090-Llama-3.1-8B/cluster.json"),
            "--dataset", str(root / "workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl"),
            "--max-num-seqs", "256", "--max-num-batched-tokens", "2048",
-           "--gpu-memory-utilization", "0.9", "--output", str(out)]
+           "--gpu-memory-utilization", "0.9", "--max-model-len", "32768", "--output", str(out)]
     # this checkout's code, whatever the console script was installed from
     path = os.pathsep.join([str(REPO), str(REPO / "astra-sim"),
                             *filter(None, [os.environ.get("PYTHONPATH")])])
