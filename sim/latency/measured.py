@@ -686,8 +686,7 @@ class MeasuredProvider(LatencyProvider):
         """Whole-iteration compute time on one NPU: ``layer_times(shape).total_ns()``,
         from pre-summed tables (the tp=1, pp=1 fast path)."""
         t, s = shape.num_tokens, shape.num_seqs
-        pad = self.graph_pad
-        dt = pad[t] if pad is not None and t < len(pad) else t
+        dt = self.dense_tokens(t)
         if dt >= len(self._dense_total) or s >= len(self._seq_total):
             return self.layer_times(shape).total_ns()
         if dt > self._grid_tokens:
