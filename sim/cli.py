@@ -110,6 +110,10 @@ def _run(args) -> int:
         if kv.get("max_model_len"):
             line += (f"; Maximum concurrency for {kv['max_model_len']:,} tokens per request: "
                      f"{kv['max_concurrency']:.2f}x")
+            if kv["kv_tokens"] < kv["max_model_len"]:  # (see MemoryBudget.start_refusal)
+                line += (f"\n  warning: vLLM would refuse to start: the cache holds less than "
+                         f"one request of max_model_len={kv['max_model_len']:,} tokens; pass "
+                         f"--max-model-len at most {kv['kv_tokens']:,}")
         print(line)
     notes = sorted(set((s.get("latency_note") or {}).values()))
     if notes:

@@ -68,27 +68,9 @@ def _max_model_len(inst: InstanceRuntime) -> int:
 
 
 def _log_memory(inst: InstanceRuntime) -> None:
-    if inst.memory is None:
-        return
-    if _log.isEnabledFor(logging.INFO):
+    if inst.memory is not None and _log.isEnabledFor(logging.INFO):
         for line in inst.memory.log_lines(_max_model_len(inst)):
             _log.info("instance %d: %s", inst.instance_id, line)
-    _warn_if_vllm_refuses(inst.instance_id, inst.memory, _max_model_len(inst))
-
-
-def _warn_if_vllm_refuses(instance_id: int, memory: MemoryBudget, max_len: int) -> None:
-    """vLLM refuses to start when its KV cache cannot hold one request of max_model_len
-    tokens (``check_enough_kv_cache_memory``, on what profiling left, also under
-    num_gpu_blocks_override). The simulation goes on (studies of small caches stay
-    possible), but the user is told the command would not serve as given."""
-    blocks = memory.profiled_blocks if memory.profiled_blocks is not None else memory.num_blocks
-    needed = -(-max_len // memory.block_size) if max_len > 0 else 0
-    if blocks < needed:
-        _log.warning("instance %d: vLLM would refuse to start: one request of max_model_len="
-                     "%s tokens needs %s KV blocks, %s fit (the longest that fits is %s "
-                     "tokens); pass --max-model-len at most that to serve it as simulated",
-                     instance_id, f"{max_len:,}", f"{needed:,}", f"{blocks:,}",
-                     f"{blocks * memory.block_size:,}")
 
 
 def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: SimOptions,
@@ -427,9 +409,8 @@ class _Run:
                 r = r.next_sub
         self._reset_instances()
         self.schedulers = [i.scheduler for i in self.instances]
-        #: longest sequence a request may reach (0: no limit); the smallest instance's
-        self.max_model_len = min((_max_model_len(i) for i in self.instances
-                                  if _max_model_len(i)), default=0)
+        #: longest sequence a request may reach: the smallest instance's
+        self.max_model_len = min(s.max_model_len for s in self.schedulers)
         self._init_routing()
         self.transfers_ns: list[int] = []
         self.transfer_bytes = 0
@@ -568,8 +549,7 @@ class _Run:
             self._route(heapq.heappop(pending)[2])
 
     def _route(self, req: Request) -> None:
-        max_len = self.max_model_len
-        if max_len and req.input_len >= max_len:
+        if req.input_len >= self.max_model_len:
             # vLLM refuses a prompt that leaves no room to generate (and its session's
             # later turns, which would extend it); a closed-loop client moves on.
             r = req

@@ -108,6 +108,20 @@ class MemoryBudget:
             d["max_concurrency"] = round(self.max_concurrency(max_model_len), 2)
         return d
 
+    def start_refusal(self, max_model_len: int) -> str:
+        """Why vLLM would refuse to start (its ``check_enough_kv_cache_memory``: the cache
+        profiling left, also under num_gpu_blocks_override, must hold one request of
+        max_model_len tokens), or "" when it starts. The simulation goes on either way
+        (studies of small caches stay possible)."""
+        blocks = self.profiled_blocks if self.profiled_blocks is not None else self.num_blocks
+        needed = blocks_per_request(max_model_len, self.block_size) if max_model_len > 0 else 0
+        if blocks >= needed:
+            return ""
+        return (f"vLLM would refuse to start: one request of max_model_len={max_model_len:,} "
+                f"tokens needs {needed:,} KV blocks, {blocks:,} fit (the longest that fits is "
+                f"{blocks * self.block_size:,} tokens); pass --max-model-len at most that to "
+                "serve it as simulated")
+
     def log_lines(self, max_model_len: int = 0) -> list[str]:
         """The lines vLLM 0.19 logs at start-up (gpu_model_runner, gpu_worker,
         kv_cache_utils, metrics/loggers), worded as vLLM words them, with this worker's
@@ -125,6 +139,9 @@ class MemoryBudget:
         if self.profiled_blocks is not None:
             lines.append(f"Overriding num_gpu_blocks={self.profiled_blocks} with "
                          f"num_gpu_blocks_override={self.num_blocks}")
+        refusal = self.start_refusal(max_model_len)
+        if refusal:
+            lines.append(refusal)
         lines.append(f"GPU KV cache size: {self.kv_tokens:,} tokens")
         if max_model_len > 0:
             lines.append(f"Maximum concurrency for {max_model_len:,} tokens per request: "

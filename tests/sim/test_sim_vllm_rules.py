@@ -315,21 +315,15 @@ def test_without_max_model_len_the_models_position_limit_applies(monkeypatch):
     assert _len_run(1000).summary["rejected_requests"] == 0
 
 
-def test_a_cache_too_small_for_one_max_len_request_is_reported(caplog):
+def test_a_cache_too_small_for_one_max_len_request_is_reported():
     # vLLM 0.19 refuses to start when the KV cache cannot hold one request of max_model_len
     # (check_enough_kv_cache_memory); the 4090 run passed --max-model-len 32768 for that
     # reason (131,072 tokens need 8,192 blocks; 2,586 fit).
-    import logging
-
-    from sim.engine import _warn_if_vllm_refuses
     from sim.memory import MemoryBudget
     mem = MemoryBudget(1, 0.9, 1, 0, 0, 0, 0, 1, 16, 2586)
-    with caplog.at_level(logging.WARNING, logger="sim.memory"):
-        _warn_if_vllm_refuses(0, mem, 131072)
-    assert "max_model_len=131,072 tokens needs 8,192 KV blocks, 2,586 fit" in caplog.text
-    assert "41,376 tokens" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="sim.memory"):
-        _warn_if_vllm_refuses(0, mem, 32768)
-        _warn_if_vllm_refuses(0, mem, 41376)
-    assert caplog.text == ""
+    text = mem.start_refusal(131072)
+    assert "max_model_len=131,072 tokens needs 8,192 KV blocks, 2,586 fit" in text
+    assert "41,376 tokens" in text
+    assert text in mem.log_lines(131072)  # logged with vLLM's start-up lines
+    assert mem.start_refusal(32768) == "" and mem.start_refusal(41376) == ""
+    assert not any("refuse" in line for line in mem.log_lines(32768))
