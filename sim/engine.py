@@ -815,7 +815,11 @@ class _Run:
     def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
-        flight) whenever it may be, so every step timed is a step taken."""
+        flight) whenever it may be, so every step timed is a step taken. (Async) that
+        step is the one scheduled at the last completion: where the step before it ends
+        at or past the horizon (the engine schedules it at that completion, before
+        anything else happens), it is in too and the stretch ends with two steps in
+        flight (one more duration than completions)."""
         inst = self.instances[idx]
         max_done = plan.max_completions
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
@@ -831,10 +835,13 @@ class _Run:
         chunk = max(2, (horizon - t) // last + 2) if last > 0 else 16
         durations: list[int] = []
         append, complete = durations.append, completions.append
+        bounds = plan.bounds
+        extra = False  # (async) the step scheduled at the last completion is being timed
         j = 0
         while j < limit:
             shape = step_shape(plan, j)
-            count = min(chunk, limit - j, segment_end(plan, j) - j if plan.bounds else chunk)
+            count = 1 if extra else min(chunk, limit - j,
+                                        segment_end(plan, j) - j if bounds else chunk)
             stretch = timer(inst, shape, count) if timer is not None else None
             if stretch is None:
                 timer = None
@@ -845,12 +852,20 @@ class _Run:
             lo = j
             stop = False
             for d in chunk_ns:
-                d = d if d > 1 else 1
-                append(d)
+                append(d if d > 1 else 1)
                 j += 1
-                end = t + d
+                if extra:
+                    stop = True
+                    break
+                end = t + d if d > 1 else t + 1
                 if end >= horizon or len(completions) == max_done or (
                         own_step is not None and j == limit):
+                    # (async) step j is scheduled at the last completion, before the
+                    # horizon, unless the plan ends there or requests leave the batch
+                    if (own_step is not None and end >= horizon and j < limit
+                            and (not bounds or j not in bounds)):
+                        extra = True
+                        continue
                     stop = True
                     break
                 complete(end)
@@ -867,7 +882,7 @@ class _Run:
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
-        batch = apply_leap(sch, plan, steps, self.now, completions, self.itl)
+        batches = apply_leap(sch, plan, steps, self.now, completions, self.itl)
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
         free0, pops_through = plan.free0, plan.pops_through
@@ -891,22 +906,27 @@ class _Run:
                                             lambda k: kv_usage(k + first))
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
+        if len(starts) < steps:  # (async) the last step starts when the one before ends
+            starts.append(starts[-1] + durations[-2])
         if self.power.enabled:
             rows = self.steps.setdefault(inst.instance_id, [])
             for j, (start, d) in enumerate(zip(starts, durations)):
                 shape = step_shape(plan, j)
                 rows.append((start, start + d, iteration_memory_bytes(inst, shape),
                              iteration_link_bytes(inst, shape)))
-        if batch is not None:
-            end = starts[-1] + durations[-1]
-            if async_:
-                self.busy_until[unit] = end
-                self.may_chain[unit] = True
-            else:
-                self.inflight_count[unit] += 1
-            self._push(end, unit, [(idx, batch)])
-        if completions and (async_ or batch is None):
-            # The step-by-step loop schedules the unit again at its last completion.
+        first = steps - len(batches)  # the first step still in flight
+        for j, batch in enumerate(batches, first):
+            self._push(starts[j] + durations[j], unit, [(idx, batch)])
+        if async_:
+            self.busy_until[unit] = starts[-1] + durations[-1]
+            self.may_chain[unit] = True
+            # (the step in flight at the start is among those completed)
+            self.inflight_count[unit] += len(batches) - 1
+        else:
+            self.inflight_count[unit] += len(batches)
+        if completions and len(batches) == async_:
+            # The step-by-step loop schedules the unit again at its last completion (async
+            # with two steps in flight it cannot: the stretch has taken that step).
             self._push(completions[-1], unit, None)
 
     # ------------------------------------------------------------------ summary

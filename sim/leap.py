@@ -407,13 +407,15 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: GapRuns) -> Batch | None:
+               completion_ns: list[int], itl_sink: GapRuns) -> list[Batch]:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
-    return the batch of the last step when it is still in flight. Sync: completion k is
+    return the batches of the steps still in flight, in step order. Sync: completion k is
     step k-1's (a step is in flight if one more was scheduled than completed). Async: the
     first completion is the step already in flight at the start, completion k step k-2's,
-    so the last step is always in flight."""
+    so the last step is always in flight; with one step more than completions the last
+    two are (the last one scheduled at the last completion: every request in it has two
+    tokens in flight)."""
     running = sch.running
     done = len(completion_ns)
     if sch.unread:  # the first step's schedule reads the engine's input queue
@@ -435,9 +437,16 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
         drops = plan.drops
         sch.running = running = [r for r, d in zip(running, drops) if d >= done]
     if steps == done and not sch.async_scheduling:
-        return None
+        return []
     n = len(running)
-    return Batch(list(running), [1] * n, step_shape(plan, steps - 1), 0, n, 0, [True] * n)
+    ones, yes = [1] * n, [True] * n
+    last = Batch(list(running), ones, step_shape(plan, steps - 1), 0, n, 0, yes)
+    if not sch.async_scheduling or steps == done:
+        return [last]
+    # (no request leaves the batch at step steps - 1: both steps hold the same ones)
+    for r in running:
+        r.num_placeholders = 2
+    return [Batch(list(running), ones, step_shape(plan, steps - 2), 0, n, 0, yes), last]
 
 
 def finishing(plan: LeapPlan, done: int) -> list[int]:
