@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
@@ -834,7 +835,6 @@ class _Run:
         last = self.last_step_ns[idx]
         chunk = max(2, (horizon - t) // last + 2) if last > 0 else 16
         durations: list[int] = []
-        append, complete = durations.append, completions.append
         bounds = plan.bounds
         extra = False  # (async) the step scheduled at the last completion is being timed
         j = 0
@@ -845,34 +845,51 @@ class _Run:
             stretch = timer(inst, shape, count) if timer is not None else None
             if stretch is None:
                 timer = None
-                chunk_ns = [self.backend.iteration_ns(inst, shape, 0)]
+                d = self.backend.iteration_ns(inst, shape, 0)
+                chunk_ns = [d if d > 1 else 1]
             else:
                 chunk_ns = stretch.durations
+                if min(chunk_ns) < 1:
+                    chunk_ns = [d if d > 1 else 1 for d in chunk_ns]
                 chunk *= 2
-            lo = j
-            stop = False
-            for d in chunk_ns:
-                append(d if d > 1 else 1)
-                j += 1
-                if extra:
-                    stop = True
-                    break
-                end = t + d if d > 1 else t + 1
-                if end >= horizon or len(completions) == max_done or (
-                        own_step is not None and j == limit):
-                    # (async) step j is scheduled at the last completion, before the
-                    # horizon, unless the plan ends there or requests leave the batch
-                    if (own_step is not None and end >= horizon and j < limit
-                            and (not bounds or j not in bounds)):
-                        extra = True
-                        continue
-                    stop = True
-                    break
-                complete(end)
-                t = end
+            if extra:
+                durations.append(chunk_ns[0])
+                if stretch is not None:
+                    stretch.record(1)
+                break
+            # step j + i ends at ends[i + 1]; it completes unless it ends at or past the
+            # horizon, the completions are all taken, or (async) it is the plan's last
+            n = len(chunk_ns)
+            ends = list(accumulate(chunk_ns, initial=t))
+            stop = bisect_left(ends, horizon, 1) - 1
+            cap = max_done - len(completions)
+            if own_step is not None and limit - j - 1 < cap:
+                cap = limit - j - 1
+            if cap < stop:
+                stop = cap
+            if stop >= n:  # all of them complete
+                durations += chunk_ns
+                completions += ends[1:]
+                t = ends[-1]
+                j += n
+                if stretch is not None:
+                    stretch.record(n)
+                continue
+            durations += chunk_ns[:stop + 1]
+            completions += ends[1:stop + 1]
+            j += stop + 1
+            taken = stop + 1
+            if (own_step is not None and ends[stop + 1] >= horizon and j < limit
+                    and (not bounds or j not in bounds)):
+                # (async) step j is scheduled at the last completion, before the horizon
+                if taken < n:
+                    durations.append(chunk_ns[taken])
+                    taken += 1
+                else:
+                    extra = True
             if stretch is not None:
-                stretch.record(j - lo)
-            if stop:
+                stretch.record(taken)
+            if not extra:
                 break
         self.last_step_ns[idx] = durations[-1]
         return durations, completions
