@@ -144,30 +144,37 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
 
 def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
                      step_cap: int = NEVER):
-    """``plan_leap``'s pass over the running requests (a few passes, each in C where it
-    can be): None unless each is in steady decode; else their computed and output
-    counters, the step at which each starts its next block, (async) the step each is
-    dropped from, and the completions the stretch may apply: before the first finish
-    of a request in step 0 (``general``: before the last request finishes)."""
+    """``plan_leap``'s pass over the running requests: None unless each is in steady
+    decode; else their computed and output counters, the step at which each starts its
+    next block, (async) the step each is dropped from, and the completions the stretch
+    may apply: before the first finish of a request in step 0 (``general``: before the
+    last request finishes)."""
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     if ph and in_flight.requests != running:  # (Requests compare by identity)
         return None
-    if any(r.status != RUNNING or r.num_placeholders != ph for r in running):
-        return None
-    computed0 = [r.num_computed for r in running]
-    output0 = [r.num_output for r in running]
-    # (async) a prompt finishing in flight has no output yet; with one token to compute
-    # and o0 + ph >= 1, c0 >= input_len follows
-    if min(output0) < 1 - ph or any(r.input_len + o + ph - c != 1
-                                    for r, c, o in zip(running, computed0, output0)):
-        return None
     room = sch.max_model_len
-    # Completions left to each request (its output length or max_model_len).
-    lefts = [(r.output_len if r.output_len < room - r.input_len else room - r.input_len) - o
-             for r, o in zip(running, output0)]
     bs = sch.kv.block_size
-    firsts = [len(r.block_ids) * bs - c for r, c in zip(running, computed0)]
+    # (async) a prompt finishing in flight has no output yet; with one token to compute
+    # (input + output + ph - computed == 1) and o0 + ph >= 1, c0 >= input_len follows
+    k = 1 - ph
+    computed0: list[int] = []
+    output0: list[int] = []
+    lefts: list[int] = []  # completions left to each (its output length or max_model_len)
+    firsts: list[int] = []
+    for r in running:  # (one loop: cheaper than a comprehension per list)
+        c = r.num_computed
+        o = r.num_output
+        n_in = r.input_len
+        if r.status != RUNNING or r.num_placeholders != ph or n_in + o - c != k:
+            return None
+        computed0.append(c)
+        output0.append(o)
+        out = r.output_len
+        lefts.append((out if out < room - n_in else room - n_in) - o)
+        firsts.append(len(r.block_ids) * bs - c)
+    if min(output0) < k:
+        return None
     drops = None
     if ph:
         # (async) a request with L completions left is in steps 0 .. L - 2 and finishes
@@ -205,8 +212,18 @@ def _head_hit(sch: Scheduler):
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
     if head.remote_kv or (looked_up and kv.lower_tier is not None):
         return False
+    free = kv.num_free - n
+    if -(-head.num_tokens // kv.block_size) <= free:
+        # Admissible whatever its prefix hit (no lookup needed): a hit of h blocks, f of
+        # them free, needs at most blocks_for(num_tokens) - h + f of the free blocks, and
+        # only shortens the chunk that must fit an unchunked budget.
+        m = head.num_tokens - head.num_computed
+        if sch.threshold and m > sch.threshold:
+            m = sch.threshold
+        if sch.chunked or m <= budget:
+            return False
     hit = kv.lookup(head) if looked_up else []
-    if _head_admissible(sch, head, hit, kv.num_free - n, budget):
+    if _head_admissible(sch, head, hit, free, budget):
         return False
     return hit
 
