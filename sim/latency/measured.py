@@ -260,6 +260,49 @@ class _Axis:
         return i - 1, i, (q - vals[i - 1]) / (vals[i] - vals[i - 1]), False
 
 
+def _piecewise(keys: list[int], vals: list[float], slope: float) -> tuple:
+    """A decode-KV line (``MeasuredProvider._line`` over integer keys) as linear pieces
+    for ``_line_run``: (the first KV of each piece after the first, each piece's
+    constants, ...). Piece 0 is the clamp at or below the first key, piece r (1 <= r <
+    n) the interval from key r - 1 (exclusive for r = 1) to key r (inclusive for the
+    last), piece n the extrapolation past the top key."""
+    n = len(keys)
+    top = keys[-1]
+    starts = [keys[0] + 1, *keys[1:n - 1], top + 1] if n > 1 else [top + 1]
+    pieces: list[tuple] = [("const", vals[0] + 0.0 * (vals[0] - vals[0]))]
+    for lo in range(n - 1):
+        pieces.append(("lerp", vals[lo], vals[lo + 1] - vals[lo], keys[lo], keys[lo + 1] - keys[lo]))
+    pieces.append(("extra", vals[-1], slope, top))
+    return starts, pieces, n, keys, top
+
+
+def _line_run(line: tuple, q0: int, q1: int) -> list[float]:
+    """``MeasuredProvider._line`` at q0 .. q1 - 1, a linear piece at a time (the same
+    float operations: t = (q - k_lo) / (k_hi - k_lo), v_lo + t * (v_hi - v_lo); past the
+    top, v_top + slope * (q - top))."""
+    starts, pieces, n, _, _ = line
+    out: list[float] = []
+    q = q0
+    r = bisect.bisect_right(starts, q)
+    while q < q1:
+        e = starts[r] if r < n else q1
+        if e > q1:
+            e = q1
+        piece = pieces[r]
+        kind = piece[0]
+        if kind == "lerp":
+            _, v, dv, k, dk = piece
+            out += [v + (x - k) / dk * dv for x in range(q, e)]
+        elif kind == "extra":
+            _, v, slope, top = piece
+            out += [v + slope * (x - top) for x in range(q, e)]
+        else:
+            out += [piece[1]] * (e - q)
+        q = e
+        r += 1
+    return out
+
+
 class MeasuredProvider(LatencyProvider):
     """Profile bundles measured with vLLM, looked up by the variant named for the served
     precision (:func:`bundle_variant`); a bundle of another precision is never used."""
@@ -287,6 +330,8 @@ class MeasuredProvider(LatencyProvider):
             have = sorted(p.name for p in self.root.glob("tp*"))
             raise InputError(f"bundle has no tp{tp} folder (has: {have})", source=str(self.root))
         self._extrap: dict[str, int] = {}
+        #: per decode count, what a decode stretch's steps share (``_stretch_setup``)
+        self._stretch_by_nd: dict[int, tuple | None] = {}
         params = (tp, max_tokens, max_seqs, model.architecture, model.block_sequence,
                   model.num_hidden_layers, model.is_moe, PROLOGUE, HEAD_DENSE, HEAD_PER_SEQUENCE)
         self._set_state(cached("measured-bundle", self._sources(tp_dir),
@@ -702,51 +747,118 @@ class MeasuredProvider(LatencyProvider):
         return dict(self._extrap)
 
     # ------------------------------------------------------------------ decode stretches
+    def set_cudagraph_padding(self, padded: list[int] | None) -> None:
+        super().set_cudagraph_padding(padded)
+        self._stretch_by_nd = {}  # (their dense token counts change)
+
     def decode_stretch(self, shape: BatchShape, steps: int) -> DecodeStretch | None:
         """``iteration_ns`` of a stretch of decode steps: the step's prefill chunk, prefill
         KV and decode count are fixed, so the lookups along the decode-count and chunk
-        axes are made once and only the decode-KV lines are read per step (with the same
-        float operations as the scalar path, so every value is identical)."""
+        axes are made once (per decode count) and only the decode-KV lines are read per
+        step, a linear piece of each at a time (with the same float operations as the
+        scalar path, so every value is identical)."""
         nd = shape.num_decode
+        if shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs:
+            return None
+        setup = self._stretch_by_nd.get(nd, False)
+        if setup is False:
+            setup = self._stretch_by_nd[nd] = self._stretch_setup(nd)
+        if setup is None:
+            return None
+        kd0 = shape.decode_kv_sum // nd
+        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd0:
+            return self._skewed_stretch(shape, steps, setup)
+        base, grid_notes, line0, line1, nt = setup
+        q1 = kd0 + steps
+        attn = _line_run(line0, kd0, q1)
+        if line1 is not None:
+            attn = [a + nt * (b - a) for a, b in zip(attn, _line_run(line1, kd0, q1))]
+        layers = self.model.num_hidden_layers
+        # (lookups past a line's top are booked per line, as _slice_many counts them)
+        offs = [line[4] + 1 - kd0 for line in (line0, line1) if line is not None
+                and kd0 + steps > line[4] + 1]
+        return DecodeStretch([base + (x if (x := int(a)) > 1 else 1) * layers for a in attn],
+                             self._stretch_record(grid_notes, offs))
+
+    def _stretch_record(self, grid_notes: tuple[str, ...], offs: list[int]):
+        """``DecodeStretch.record``: the off-grid lookups of the first k steps (``offs``:
+        per line read off its grid, the first step that reads it so)."""
+        extrap = self._extrap
+
+        def record(k: int) -> None:
+            if k <= 0:
+                return
+            for axis in grid_notes:
+                extrap[axis] = extrap.get(axis, 0) + k
+            n = sum(k - (j if j > 0 else 0) for j in offs if k > j)
+            if n:
+                extrap["kv_decode"] = extrap.get("kv_decode", 0) + n
+
+        return record
+
+    def _stretch_setup(self, nd: int):
+        """What every stretch of ``nd`` decodes shares, or None where it has no fast path:
+        the dense and per-sequence time, the off-grid axes they read, the decode-KV lines
+        of the two profiled decode counts around ``nd`` (prefill chunk and KV 0) and the
+        weight between them."""
         td = self.dense_tokens(nd)
-        if (shape.prefill_tokens or nd < 1 or nd != shape.num_tokens or nd != shape.num_seqs
-                or self._moe is not None or td >= len(self._dense_total)
-                or nd >= len(self._seq_total)):
+        if self._moe is not None or td >= len(self._dense_total) or nd >= len(self._seq_total):
             return None
         nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
         plo, phi, _, pex = self._pc_axis.bracket(0)
         if nex or pex or plo != phi:
             return None
         pc = self._pc_axis.vals[plo]
+        nds = self._nd_axis.vals
+        lines = []
+        for n in dict.fromkeys((nds[nlo], nds[nhi])):
+            s = self._attn.get((pc, n))
+            if s is None:
+                p = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - n) ** 2)
+                s = self._attn[p]
+            kp_axis, rows = s
+            if kp_axis.bracket(0)[3]:
+                return None
+            kd_axis, vals, slope = rows[0]  # (prefill KV 0 is at or below the axis: row 0)
+            if not all(type(k) is int for k in kd_axis.vals):
+                return None
+            lines.append(_piecewise(kd_axis.vals, vals, slope))
+        grid_notes = tuple(axis for axis, off in (("tokens", td > self._grid_tokens),
+                                                  ("sequences", nd > self._grid_seqs)) if off)
+        return (self._dense_total[td] + self._seq_total[nd], grid_notes, lines[0],
+                lines[1] if len(lines) > 1 else None, nt)
+
+    def _skewed_stretch(self, shape: BatchShape, steps: int, setup) -> DecodeStretch | None:
+        """``decode_stretch`` of a batch whose decode lengths differ, with the bundle's
+        skew fit: each step's attention corrected towards the one at its longest KV."""
+        nd = shape.num_decode
+        nlo, nhi, nt, _ = self._nd_axis.bracket(nd)
+        pc = self._pc_axis.vals[self._pc_axis.bracket(0)[0]]
         kd0 = shape.decode_kv_sum // nd
         kv_notes = [0] * steps
         attn = self._over_nd_many(pc, nlo, nhi, nt, range(kd0, kd0 + steps), kv_notes)
-        if attn is None:
+        kv_max = range(shape.decode_kv_max, shape.decode_kv_max + steps)
+        max_notes = [0] * steps
+        t_max = self._over_nd_many(pc, nlo, nhi, nt, kv_max, max_notes)
+        if attn is None or t_max is None:
             return None
-        if self._skew is not None and nd >= 2 and shape.decode_kv_max != kd0:
-            kv_max = range(shape.decode_kv_max, shape.decode_kv_max + steps)
-            max_notes = [0] * steps
-            t_max = self._over_nd_many(pc, nlo, nhi, nt, kv_max, max_notes)
-            if t_max is None:
-                return None
-            for j, alpha in enumerate(self._skew_alpha_many(shape, kd0, steps)):
-                if alpha != 0.0:  # the scalar path reads t_max only then
-                    kv_notes[j] += max_notes[j]
-                    tm, tx = attn[j], t_max[j]
-                    attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
-        base = self._dense_total[td] + self._seq_total[nd]
+        for j, alpha in enumerate(self._skew_alpha_many(shape, kd0, steps)):
+            if alpha != 0.0:  # the scalar path reads t_max only then
+                kv_notes[j] += max_notes[j]
+                tm, tx = attn[j], t_max[j]
+                attn[j] = tm + alpha * (tx - tm) if tx > tm else tm
+        base, grid_notes = setup[0], setup[1]
         layers = self.model.num_hidden_layers
-        grid_notes = [axis for axis, off in (("tokens", td > self._grid_tokens),
-                                             ("sequences", nd > self._grid_seqs)) if off]
         kv_booked = list(accumulate(kv_notes))
+        extrap = self._extrap
 
         def record(k: int) -> None:
             if k <= 0:
                 return
             for axis in grid_notes:
-                self._extrap[axis] = self._extrap.get(axis, 0) + k
+                extrap[axis] = extrap.get(axis, 0) + k
             if kv_booked[k - 1]:
-                self._extrap["kv_decode"] = self._extrap.get("kv_decode", 0) + kv_booked[k - 1]
+                extrap["kv_decode"] = extrap.get("kv_decode", 0) + kv_booked[k - 1]
 
         return DecodeStretch([base + max(1, int(a)) * layers for a in attn], record)
 

@@ -215,6 +215,40 @@ def test_measured_decode_stretch_is_exact(bundle_root, n, kv_min, kv_max):
     _stretch_matches_steps(lambda: MeasuredProvider(model, "RTXPRO6000", 1), spread, 300, 123)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 256), kv_min=st.integers(0, 9000), spread=st.integers(0, 3000),
+       steps=st.integers(1, 300), data=st.data())
+def test_measured_decode_stretch_matches_each_step(bundle_root, n, kv_min, spread, steps, data):
+    """The stretch is read a linear piece of the decode-KV lines at a time: every step's
+    time and off-grid count as the scalar lookup's, from below the first KV key (16)
+    through the keys to past the top one (the synthetic bundle's 8192, the measured
+    ones' 16384), for decode counts on and between the grid's, with and without a skew
+    fit, and with what a stretch of the same decode count shares taken from the first."""
+    from sim.latency.measured import MeasuredProvider, _line_run, _piecewise
+    from sim.model import load_model
+    from sim_testkit import HW, MODEL
+
+    kv_max = kv_min + spread if n > 1 else kv_min
+    kv_sum = kv_min * (n - 1) + kv_max
+    shape0 = BatchShape(n, n, 0, 0, n, kv_sum, kv_max, kv_min,
+                        0, kv_min * kv_min * (n - 1) + kv_max * kv_max)
+    taken = data.draw(st.integers(0, steps))
+    model = load_model(MODEL)
+    for hw, dirs in ((HW, (str(bundle_root),)), ("RTX4090", ()), ("RTXPRO6000", ())):
+        factory = lambda hw=hw, dirs=dirs: MeasuredProvider(model, hw, 1, profiles_dirs=dirs)  # noqa: E731
+        _stretch_matches_steps(factory, shape0, steps, taken)
+        prov = factory()
+        for kd_axis, vals, slope in (prov._attn[key][1][0] for key in prov._attn if key[0] == 0):
+            # each decode-KV line a stretch reads, float for float (before the integer ns)
+            line = _piecewise(kd_axis.vals, vals, slope)
+            assert _line_run(line, kv_min, kv_min + steps) == [
+                prov._line(kd_axis, vals, q, slope) for q in range(kv_min, kv_min + steps)]
+        prov = factory()
+        prov.decode_stretch(BatchShape(n, n, 0, 0, n, n * 40, 40, 40), 3)  # (a first stretch)
+        _stretch_matches_steps(lambda prov=prov: prov, shape0, steps, 0)
+
+
 def test_decode_stretch_past_the_decode_count_grid_falls_back(bundle_root):
     """A decode count past the profiled ones is extrapolated per step (no stretch)."""
     from sim.latency.measured import MeasuredProvider
