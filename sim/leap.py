@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice
-from operator import mul
+from operator import eq, mul
 
 from sim.kv_cache import block_hashes
 from sim.latency.base import BatchShape
@@ -511,11 +511,8 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if m > r.itl_max_ns:
             r.itl_max_ns = m
         r.last_token_ns = last
-    add = itl_sink.add
     if not ending:
-        n = len(running)
-        for g in gaps:
-            add(g, n)
+        _add_gaps(itl_sink, gaps, len(running))
         return
     drops = plan.drops
     gap_max = list(accumulate(gaps, max))  # gap_max[m - 1]: the largest of the first m
@@ -531,13 +528,35 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if d and gap_max[d - 1] > m:
             m = gap_max[d - 1]
         r.itl_max_ns = m if m > itl_max else itl_max
-    # completion k + 2 (gaps[k]) gives a token to each request in step k: drop > k
+    # completion k + 2 (gaps[k]) gives a token to each request in step k: drop > k (the
+    # gaps between two drops to as many requests)
     ends = sorted(drops[i] for i in ending)
-    e = 0
-    for k, g in enumerate(gaps):
+    e = k = 0
+    while k < len(gaps):
         while e < len(ends) and ends[e] <= k:
             e += 1
-        add(g, len(running) - e)
+        nxt = ends[e] if e < len(ends) and ends[e] < len(gaps) else len(gaps)
+        _add_gaps(itl_sink, gaps[k:nxt], len(running) - e)
+        k = nxt
+
+
+def _add_gaps(itl_sink: GapRuns, gaps: list[int], n: int) -> None:
+    """``itl_sink.add(g, n)`` for each of ``gaps`` in order (runs extended at once where
+    no two neighbours are equal)."""
+    if not gaps:
+        return
+    values, counts = itl_sink.values, itl_sink.counts
+    k = 0
+    if values and values[-1] == gaps[0]:
+        counts[-1] += n
+        k = 1
+    if any(map(eq, gaps, islice(gaps, 1, None))):
+        add = itl_sink.add
+        for g in islice(gaps, k, None):
+            add(g, n)
+        return
+    values += gaps[k:] if k else gaps
+    counts += [n] * (len(gaps) - k)
 
 
 def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:
