@@ -104,7 +104,7 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     that timing will likely allow (any bound is exact: a shorter stretch is followed by
     another)."""
     head_hit = _head_hit(sch)
-    if head_hit is False:
+    if head_hit is False or _short_of_blocks(sch):
         return None
     running = sch.running
     general = may_finish and sch.async_scheduling and not sch.waiting
@@ -196,6 +196,30 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
     if max_completions < 1 or min(firsts) < 0:
         return None
     return computed0, output0, firsts, drops, max_completions
+
+
+def _short_of_blocks(sch: Scheduler) -> bool:
+    """Whether the requests that start a block at step 0 (a full last block, and a step
+    0 to be in) are more than the free blocks: no stretch (``_block_pops`` would allow
+    no step). Looked at only where the free blocks are few (about the requests that
+    start a block each step), with an early out: cheaper than the plan's pass."""
+    running = sch.running
+    kv = sch.kv
+    free = kv.num_free
+    bs = kv.block_size
+    if free * bs >= len(running):
+        return False
+    room = sch.max_model_len
+    need = 0
+    for r in running:
+        if len(r.block_ids) * bs == r.num_computed:
+            n_in = r.input_len
+            out = r.output_len
+            if (out if out < room - n_in else room - n_in) - r.num_output >= 2:
+                need += 1
+                if need > free:
+                    return True
+    return False
 
 
 def _head_hit(sch: Scheduler):
