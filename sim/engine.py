@@ -23,7 +23,7 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier
-from sim.leap import (NEVER, apply_leap, finished_in, finishing, plan_leap, segment_end,
+from sim.leap import (apply_leap, finished_in, finishing, plan_leap, segment_end,
                       steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, memory_budget
@@ -777,7 +777,7 @@ class _Run:
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
         finishes = self.leap_finishes and b1 is not None and not sch.waiting
         plan = plan_leap(sch, in_flight, finishes,
-                         self._step_cap(idx, b1, horizon) if finishes else NEVER)
+                         self._step_cap(idx, b1, horizon))
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)

@@ -99,10 +99,10 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     block. (Async) a request whose step in flight is its last leaves at the first
     completion (where nothing waits: its blocks freed could admit a request). With
     ``may_finish`` (async, nothing waiting, no request releasing another) requests may
-    finish at any completion of the stretch, the batch shrinking, while one stays; then
-    the plan covers ``step_cap`` completions at most (past the first finish), the steps
-    that timing will likely allow (any bound is exact: a shorter stretch is followed by
-    another)."""
+    finish at any completion of the stretch, the batch shrinking, while one stays. The
+    plan covers ``step_cap`` completions at most, the steps that timing will likely
+    allow (any bound is exact: a shorter stretch is followed by another; a plan's block
+    and finish tables are as long as it is)."""
     head_hit = _head_hit(sch)
     if head_hit is False or _short_of_blocks(sch):
         return None
@@ -190,9 +190,11 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
         else:
             max_completions = min(lefts) - 1
         if general and step_cap > max_completions:
-            max_completions = min(max(lefts) - 1, step_cap)
+            max_completions = max(lefts) - 1
     else:
         max_completions = min(lefts) - 1
+    if max_completions > step_cap:
+        max_completions = step_cap
     if max_completions < 1 or min(firsts) < 0:
         return None
     return computed0, output0, firsts, drops, max_completions
