@@ -5,6 +5,7 @@ workload's longest request are rejected before simulating."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import replace
 
@@ -44,43 +45,75 @@ def _flag(cmd: list[str], name: str) -> str | None:
 
 
 def _export(space, params, tmp_path, number=1):
-    """serve.sh as `dse report` writes it (the front row through export_best)."""
+    """serve.sh and bench.sh as `dse report` writes them (the front row through
+    export_best)."""
     row = {"trial": number, **params, "throughput_per_device": 1.0, "p99_ttft": 2.0,
            "config": "c"}
     best = tmp_path / "best"
     export_best(space, pd.DataFrame([row]), best)
-    return (best / f"trial_{number:04d}.serve.sh").read_text()
+    return [(best / f"trial_{number:04d}.{kind}.sh").read_text() for kind in ("serve", "bench")]
+
+
+def _bench_longest(bench: str) -> int:
+    """The longest random request of a bench line, by vLLM 0.19's RandomDataset: prompts
+    up to ceil(input_len x (1 + r)), outputs up to ceil(output_len x (1 + r))."""
+    cmd = shlex.split(bench.splitlines()[-1])
+    r = float(_flag(cmd, "--random-range-ratio"))
+    return (math.ceil(int(_flag(cmd, "--random-input-len")) * (1 + r))
+            + math.ceil(int(_flag(cmd, "--random-output-len")) * (1 + r)))
 
 
 def test_rtx4090_serve_passes_the_generated_workloads_longest_request(tmp_path):
     space = _rtx_space(tmp_path)
-    script = _export(space, RTX, tmp_path)
+    script, bench = _export(space, RTX, tmp_path)
     reqs = sim.generate(sim.workload_from_mapping(dict(space.workload["spec"]))).all_requests()
     longest = max(r.input_len + r.output_len for r in reqs)
+    # uniform lengths: bench's one range ratio draws longer outputs than simulated
+    assert _bench_longest(bench) > longest
     cmds = _serve_commands(script)
     assert len(cmds) == 2
-    assert [_flag(c, "--max-model-len") for c in cmds] == [str(longest)] * 2
+    assert [_flag(c, "--max-model-len") for c in cmds] == [str(_bench_longest(bench))] * 2
     notes = [ln for ln in script.splitlines() if ln.startswith("# ")]
-    assert any(ln.startswith(f"# --max-model-len {longest}: the workload's longest request")
-               for ln in notes)
+    assert any(ln.startswith(f"# --max-model-len {_bench_longest(bench)}: the longest request "
+                             "(prompt + output) of the bench line's random ones (the "
+                             f"workload's: {longest:,})") for ln in notes)
     assert any("131,072" in ln and "8,192 KV blocks of 16, 2,586 fit (41,376 tokens)" in ln
                for ln in notes)
 
 
 def test_rtx4090_serve_counts_the_replayed_requests_only(tmp_path):
     """A trace with a limit: L comes from the requests the trials replay, not the file."""
-    lines = [{"input_toks": 900, "output_toks": 100, "arrival_time_ns": 0},
-             {"input_toks": 1500, "output_toks": 3, "arrival_time_ns": 10**8},
+    lines = [{"input_toks": 900, "output_toks": 400, "arrival_time_ns": 0},
+             {"input_toks": 1500, "output_toks": 2, "arrival_time_ns": 10**8},
              {"session_id": "s", "arrival_time_ns": 2 * 10**8,
               "sub_requests": [{"input_toks": 200, "output_toks": 20},
-                               {"input_toks": 1700, "output_toks": 40}]},
+                               {"input_toks": 1700, "output_toks": 400}]},
              {"input_toks": 30000, "output_toks": 10, "arrival_time_ns": 3 * 10**8}]
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
     space = _rtx_space(tmp_path, workload={"file": str(trace), "limit": 3})
-    script = _export(space, RTX, tmp_path)
-    # the session's second turn (1,700 + 40) is the longest of the first three entries
-    assert {_flag(c, "--max-model-len") for c in _serve_commands(script)} == {"1740"}
+    script, bench = _export(space, RTX, tmp_path)
+    # the session's second turn (1,700 + 400) is the longest of the first three entries,
+    # and longer than the bench line's random requests
+    assert _bench_longest(bench) < 2100
+    assert {_flag(c, "--max-model-len") for c in _serve_commands(script)} == {"2100"}
+    assert "# --max-model-len 2100: the workload's longest request (prompt + output), so " \
+           "that vLLM starts and refuses or cuts no request." in script
+
+
+def test_bench_requests_longer_than_fit_are_said_to_be_refused(tmp_path):
+    """The workload fits (41,300 tokens at most) but the bench line's random requests can
+    reach more than the 41,361 one request holds: L stays the workload's."""
+    space = _rtx_space(tmp_path, workload={"generate": {
+        "num_requests": 20, "rate": 5, "input": {"kind": "uniform", "low": 100, "high": 41000},
+        "output": 300, "seed": 0}})
+    script, bench = _export(space, RTX, tmp_path)
+    reqs = sim.generate(sim.workload_from_mapping(dict(space.workload["spec"]))).all_requests()
+    longest = max(r.input_len + r.output_len for r in reqs)
+    assert longest <= 41361 < _bench_longest(bench)
+    assert {_flag(c, "--max-model-len") for c in _serve_commands(script)} == {str(longest)}
+    assert (f"the bench line's random requests reach {_bench_longest(bench):,} tokens, more "
+            "than fit: the server refuses those over it.") in script
 
 
 def test_rtx4090_with_the_flag_simulates_as_without_it(tmp_path):
