@@ -213,13 +213,14 @@ def longest_request_refusal(space: Space, capacities) -> str | None:
             continue
         longest = _longest_sequence(space, cap.max_model_len)
         if longest and not cap.holds(longest):
-            vllm = ("would refuse to start with" if cap.start_refusal(longest)
-                    else "would start, but never schedule it, with")
+            vllm = (f"would refuse to start with --max-model-len {longest}"
+                    if cap.start_refusal(longest) else
+                    f"would start with --max-model-len {longest} but never schedule it")
             return (f"the KV cache cannot hold the workload's longest request even alone: "
                     f"{longest:,} tokens (prompt + output) against at most "
                     f"{cap.longest_request:,} in instance {cap.instance_id} "
                     f"({cap.budget.num_blocks:,} KV blocks of {cap.block_size}, one of them "
-                    f"vLLM's null block); vLLM {vllm} --max-model-len {longest}")
+                    f"vLLM's null block); vLLM {vllm}")
     return None
 
 

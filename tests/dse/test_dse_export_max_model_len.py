@@ -225,21 +225,23 @@ def test_cache_too_small_for_the_longest_request_is_rejected_before_simulating(t
                     {"number": 1, "cluster": cfg.cluster, "options": cfg.options})
     assert fits.rejected is None and fits.summary["rejected_requests"] == 0
 
-    for total, vllm in ((41362, "would start, but never schedule it, with"),
-                        (41377, "would refuse to start with")):
+    for total, vllm, export in (
+            (41362, "would start with --max-model-len 41362 but never schedule it",
+             "never schedule that request"),
+            (41377, "would refuse to start with --max-model-len 41377", "refuse to start")):
         space = _long_space(tmp_path, total)
         why = precheck(space, cfg)
         assert why == (f"the KV cache cannot hold the workload's longest request even alone: "
                        f"{total:,} tokens (prompt + output) against at most 41,361 in instance "
                        f"0 ({RTX_BLOCKS:,} KV blocks of 16, one of them vLLM's null block); "
-                       f"vLLM {vllm} --max-model-len {total}")
+                       f"vLLM {vllm}")
         # what the simulation does with it: it stops at the request
         res = evaluate(space, {"number": 1, "cluster": cfg.cluster, "options": cfg.options})
         assert res.rejected and "holds at most 41360" in res.rejected
         script = deploy_script(space, cfg, {"x": 1.0})
         assert {_flag(c, "--max-model-len") for c in _serve_commands(script)} == {str(total)}
-        assert "this configuration cannot serve the workload's longest request (one request " \
-               "holds at most 41,361 tokens)" in script
+        assert f"Even so vLLM would {export}: this configuration cannot serve the workload's " \
+               "longest request (one request holds at most 41,361 tokens)." in script
 
 
 def test_too_small_configurations_are_counted_as_rejected(tmp_path):
@@ -254,3 +256,15 @@ def test_too_small_configurations_are_counted_as_rejected(tmp_path):
     assert all(r.startswith("the KV cache cannot hold the workload's longest request even "
                             "alone: 42,000 tokens") for r in rejected.reason)
     assert (df[~df.rejected].tp == 2).all()
+
+
+def test_a_capacity_searchs_rates_draw_the_same_lengths():
+    """L and the precheck read the space's workload at its own rate; a capacity search
+    simulates it at other rates, which draw the same prompt and output lengths."""
+    for extra in ({"arrival": "poisson"}, {"arrival": "gamma", "cv": 2.5}):
+        spec = {"num_requests": 50, "input": {"kind": "uniform", "low": 10, "high": 4000},
+                "output": {"kind": "zipf", "low": 1, "high": 900}, "seed": 4, **extra}
+        lengths = [[(r.input_len, r.output_len) for r in sim.generate(
+            sim.workload_from_mapping({**spec, "rate": rate})).all_requests()]
+            for rate in (0.5, 10, 300)]
+        assert lengths[0] == lengths[1] == lengths[2]
