@@ -276,6 +276,18 @@ def _piecewise(keys: list[int], vals: list[float], slope: float) -> tuple:
     return starts, pieces, n, keys, top
 
 
+def _book_nothing(k: int) -> None:
+    """``DecodeStretch.record`` of a stretch that looks nothing up off the grid."""
+
+
+def _lerp_piece(line: tuple, q0: int, q1: int) -> tuple | None:
+    """The interval piece of ``line`` (see ``_piecewise``) that holds all of q0 .. q1 -
+    1, or None where they are not in one."""
+    starts, pieces, n, _, _ = line
+    r = bisect.bisect_right(starts, q0)
+    return pieces[r] if 0 < r < n and starts[r] >= q1 else None
+
+
 def _line_run(line: tuple, q0: int, q1: int) -> list[float]:
     """``MeasuredProvider._line`` at q0 .. q1 - 1, a linear piece at a time (the same
     float operations: t = (q - k_lo) / (k_hi - k_lo), v_lo + t * (v_hi - v_lo); past the
@@ -770,19 +782,37 @@ class MeasuredProvider(LatencyProvider):
             return self._skewed_stretch(shape, steps, setup)
         base, grid_notes, line0, line1, nt = setup
         q1 = kd0 + steps
+        layers = self.model.num_hidden_layers
+        p0 = _lerp_piece(line0, kd0, q1)
+        p1 = _lerp_piece(line1, kd0, q1) if line1 is not None else None
+        if p0 is not None and (p1 is not None or line1 is None):
+            # Each line one interval of its grid throughout (most stretches): one pass
+            # (the same operations as below, inline; no lookup off the grid).
+            _, v0, dv0, k0, dk0 = p0
+            if p1 is None:
+                durations = [base + (x if (x := int(v0 + (q - k0) / dk0 * dv0)) > 1 else 1)
+                             * layers for q in range(kd0, q1)]
+            else:
+                _, v1, dv1, k1, dk1 = p1
+                durations = [
+                    base + (x if (x := int((a := v0 + (q - k0) / dk0 * dv0)
+                                           + nt * (v1 + (q - k1) / dk1 * dv1 - a))) > 1 else 1)
+                    * layers for q in range(kd0, q1)]
+            return DecodeStretch(durations, self._stretch_record(grid_notes, ()))
         attn = _line_run(line0, kd0, q1)
         if line1 is not None:
             attn = [a + nt * (b - a) for a, b in zip(attn, _line_run(line1, kd0, q1))]
-        layers = self.model.num_hidden_layers
         # (lookups past a line's top are booked per line, as _slice_many counts them)
         offs = [line[4] + 1 - kd0 for line in (line0, line1) if line is not None
                 and kd0 + steps > line[4] + 1]
         return DecodeStretch([base + (x if (x := int(a)) > 1 else 1) * layers for a in attn],
                              self._stretch_record(grid_notes, offs))
 
-    def _stretch_record(self, grid_notes: tuple[str, ...], offs: list[int]):
+    def _stretch_record(self, grid_notes: tuple[str, ...], offs):
         """``DecodeStretch.record``: the off-grid lookups of the first k steps (``offs``:
         per line read off its grid, the first step that reads it so)."""
+        if not grid_notes and not offs:
+            return _book_nothing
         extrap = self._extrap
 
         def record(k: int) -> None:
