@@ -276,3 +276,28 @@ def test_async_stretch_runs_through_finishes(bundle_root, monkeypatch, caching, 
     opts = opts_for(bundle_root, async_scheduling=True, enable_prefix_caching=caching)
     _assert_same(cluster, wl, opts)
     assert sum(steps) >= 250 and len(steps) <= 2
+
+
+def test_async_arrival_costs_one_stepped_step(bundle_root, monkeypatch):
+    """Async scheduling, arrivals spaced out while a batch decodes: a stretch stopped by
+    an arrival also takes the step the engine schedules at its last completion (the
+    arrival is not there yet), so each arrival costs one stepped step, the one that
+    admits it (it was two: that step and the one before it); the output is unchanged."""
+    calls = []
+    original = sim.scheduler.Scheduler.schedule
+
+    def counting(self, now):
+        calls.append(now)
+        return original(self, now)
+
+    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule", counting)
+    steps = _count_leaps(monkeypatch)
+    wl = sim.Workload([Request(i, i * 40_000_000, 200 + 13 * i, 400) for i in range(16)],
+                      source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(400))
+    opts = opts_for(bundle_root, async_scheduling=True)
+    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
+    calls.clear()
+    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    # 16 admissions, a few steps more at the start and end; most steps leapt
+    assert len(calls) <= 16 + 4 and sum(steps) >= 20 * len(calls)
