@@ -134,7 +134,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
                                                         pops_through, free0, computed0, output0,
                                                         freed, head_hit)
-    if max_steps < 1:
+    if max_steps < 2:
+        # (a stretch of one step costs more to plan and apply than to step)
         return None
     # (the batch shrinks only where requests may finish past the first completion)
     bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
