@@ -68,7 +68,8 @@ class LeapPlan:
     #: ``drop + 1`` (None: sync, every request is in every step)
     drops: list[int] | None
     #: the steps at which the batch shrinks (sorted), and per batch between them (lazily)
-    #: its decode KV at step 0: count, sum, max, min, sum of squares
+    #: its decode KV at step 0: count, sum, max, min, sum of squares (and, under key -1 -
+    #: k, ``finishing(plan, k)``)
     bounds: list[int]
     segs: dict
 
@@ -497,7 +498,11 @@ def finishing(plan: LeapPlan, done: int) -> list[int]:
     """The requests (indices, in running order) that finish within the first ``done``
     completions."""
     if plan.bounds and plan.bounds[0] < done:
-        return [i for i, d in enumerate(plan.drops) if d < done]
+        key = -1 - done  # (kept with the segments, under negative keys; not to be changed)
+        out = plan.segs.get(key)
+        if out is None:
+            out = plan.segs[key] = [i for i, d in enumerate(plan.drops) if d < done]
+        return out
     return plan.leaving
 
 
