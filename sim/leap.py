@@ -342,9 +342,12 @@ def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[in
     for r, o0 in zip(sch.running, output0):
         start = r.cached_hashes or 0
         full = (r.input_len + o0 + steps) // bs
-        if full <= start or (start and r.block_hashes[start - 1] not in watched):
+        hashes = r.block_hashes
+        if full <= start or (start and (hashes is None or len(hashes) < start
+                                        or hashes[start - 1] not in watched)):
             # Hashes chain on their parent: blocks after one the head does not share
-            # cannot match the head's either.
+            # cannot match the head's either. (Unhashed cached blocks are private
+            # blocks: r's own, not the head's.)
             continue
         r.num_output = o0 + steps  # hashes of the tokens known by then (a pure cache)
         try:
@@ -520,27 +523,52 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
     within a phase, and (async) the blocks of the requests finishing at a completion
-    freed after it. Each candidate phase (``_candidates``) re-checks the exact condition."""
+    freed after it. Each candidate phase (``_candidates``) re-checks the exact condition.
+    A request whose blocks to fill are private (``KVCacheManager.defers_private``) only
+    counts them: its count is set once, at the end. Where no event enters a block in the
+    table, the allocations between two frees take their blocks at once."""
+    kv = sch.kv
+    n = len(sch.running) + 1  # index len(running): the finishing requests' blocks freed
+    keys, deferred, exact = _candidates(sch, plan, steps, done, n)
+    free_before = kv.num_free
+    if exact or kv.lower_tier is not None:
+        _replay_events(sch, plan, sorted(set(keys)), n)
+    else:
+        keys.sort()
+        _replay_allocations(sch, plan, keys, n)
+    if deferred:
+        _count_private(sch, plan, deferred, steps, done)
+    freed = sum(plan.freed_at[:done + 1])
+    if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
+        raise RuntimeError("event leap: block allocations differ from the plan")
+
+
+def _free_finishing(sch: Scheduler, plan: LeapPlan, phase: int) -> None:
+    """Free the blocks of the requests finishing at completion phase ``phase``, in running
+    order (``Scheduler.complete``)."""
+    k = (phase + 1) // 2
+    running, drops = sch.running, plan.drops
+    for i in finishing(plan, k):
+        if drops[i] + 1 == k:
+            sch.kv.free_request(running[i], finished=True)
+
+
+def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> None:
+    """Every event, one at a time, in order."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
     ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    n = len(running) + 1  # index len(running): the finishing requests' blocks freed
     drops = plan.drops
-    keys = sorted(set(_candidates(sch, plan, steps, done, n)))
     computed0, output0 = plan.computed0, plan.output0
-    free_before = kv.num_free
     free, ref, block_hash = kv.free, kv.ref, kv.block_hash
     recycled = free.recycled
     cache_blocks = kv.cache_blocks
     for key in keys:
         phase, i = divmod(key, n)
         if i == n - 1:
-            k = (phase + 1) // 2
-            for i in finishing(plan, k):
-                if drops[i] + 1 == k:
-                    kv.free_request(running[i])
+            _free_finishing(sch, plan, phase)
             continue
         r = running[i]
         if not phase & 1:
@@ -577,12 +605,77 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
                 c = computed0[i] + k - 1 + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
                 cache_blocks(r, c - ph)
-    freed = sum(plan.freed_at[:done + 1])
-    if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
-        raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+def _replay_allocations(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> None:
+    """The events when all are allocations (each candidate is one: they are exact) and
+    frees, and no block enters the table (no lower tier): the blocks taken between two
+    frees are the free queue's next ones, evicted from the table in any order (no
+    entry is made in between), handed out in event order."""
+    kv = sch.kv
+    last = n - 1
+    appends = [r.block_ids.append for r in sch.running]
+    lo = 0
+    while lo < len(keys):
+        hi = lo
+        while hi < len(keys) and keys[hi] % n != last:
+            hi += 1
+        if hi > lo:
+            taken = _take_blocks(kv, hi - lo)
+            for key, bid in zip(keys[lo:hi], taken):
+                appends[key % n](bid)
+        if hi < len(keys):
+            _free_finishing(sch, plan, keys[hi] // n)
+        lo = hi + 1
+
+
+def _take_blocks(kv, count: int) -> list[int]:
+    """The free queue's next ``count`` blocks, taken (``KVCacheManager.grow_one``'s
+    allocation, ``count`` times): never-used ones first, cached ones evicted."""
+    free, ref = kv.free, kv.ref
+    lo = free.next_fresh
+    fresh = free.end - lo
+    if fresh >= count:
+        free.next_fresh = lo + count
+        ref[lo:lo + count] = [1] * count
+        return list(range(lo, lo + count))
+    free.next_fresh = free.end
+    ref[lo:free.end] = [1] * fresh
+    recycled = free.recycled
+    if len(recycled) < count - fresh:
+        raise RuntimeError("event leap: a planned block allocation failed")
+    popitem = recycled.popitem
+    taken = [popitem(False)[0] for _ in range(count - fresh)]
+    block_hash = kv.block_hash
+    for bid in taken:
+        ref[bid] = 1
+        if block_hash[bid] is not None:
+            kv._evict(bid)
+    return list(range(lo, free.end)) + taken if fresh else taken
+
+
+def _count_private(sch: Scheduler, plan: LeapPlan, deferred: list[int], steps: int,
+                   done: int) -> None:
+    """Set the cached block count of requests whose blocks to fill are private to what
+    the stretch's last fill gives: step j caches min(c0 + j + 1, known) tokens (known:
+    input + o0 + j), the most at its last step (a completion caches no more than the
+    step before it: ``_candidates``). Requests finishing in it are freed already."""
+    bs = sch.kv.block_size
+    running = sch.running
+    drops = plan.drops
+    computed0, output0 = plan.computed0, plan.output0
+    for i in deferred:
+        if drops is not None and drops[i] < done:
+            continue
+        r = running[i]
+        m = computed0[i] + steps
+        known = r.input_len + output0[i] + steps - 1
+        full = (m if m < known else known) // bs
+        if full > (r.cached_hashes or 0):
+            r.cached_hashes = full
+
+
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
     steps from ``plan.firsts``, while it is in the batch); a block fills when the tokens
@@ -590,29 +683,44 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
     start. (Async) a request dropped from step d has its last completion d + 1, after
     which its blocks are freed (index n - 1); a completion k before that caches what its
     step k - 1, scheduled before it, has cached already (c0 + k - 1 tokens, c0 = input +
-    output): only its scheduling phases and its last completion are candidates."""
-    bs = sch.kv.block_size
+    output): only its scheduling phases and its last completion are candidates. A
+    request whose blocks to fill are all private gets no fill phase: it is returned among
+    the deferred ones. Returns the phases, the deferred requests and whether any fill
+    phase is among the phases."""
+    kv = sch.kv
+    bs = kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
     drops = plan.drops
+    running = sch.running
+    caching = kv.enable_prefix_caching
+    fills = [False] * (n - 1)  # per request: whether its fills are events
+    deferred: list[int] = []
+    if caching:
+        defer = kv.defers_private()
+        for i, r in enumerate(running):
+            if drops is not None and drops[i] == 0:
+                continue
+            if defer and (r.cached_hashes or 0) >= kv.private_from(r):
+                deferred.append(i)
+            else:
+                fills[i] = True
     ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
     keys: list[int] = []
     extend = keys.extend
-    caching = sch.kv.enable_prefix_caching
     if drops is not None:
         for i in finishing(plan, done):  # finishes at completion d + 1 <= done
             d = drops[i]
             ends[i] = min(sched_end, 2 * (d - 1) * n + n)
             keys.append((2 * d + 1) * n + n - 1)
-            if caching:
+            if fills[i]:
                 keys.append((2 * d + 1) * n + i)
     for i, f in enumerate(plan.firsts):
         if f < steps:
             extend(range(2 * f * n + i, ends[i], period))
-    if not caching:
-        return keys
-    for i, r in enumerate(sch.running):
-        if drops is not None and drops[i] == 0:
+    exact = False
+    for i, r in enumerate(running):
+        if not fills[i]:
             continue
         c0 = plan.computed0[i]
         cached = r.cached_hashes or 0
@@ -624,4 +732,5 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -
                 keys.append(i)
                 j = (-base) % bs or bs
             extend(range(2 * j * n + i, ends[i], period))
-    return keys
+            exact = True
+    return keys, deferred, exact or any(fills[i] for i in finishing(plan, done))
