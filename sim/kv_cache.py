@@ -259,11 +259,25 @@ class KVCacheManager:
         max_blocks = min(max_blocks, len(hashes))
         return max(0, tier.match(hashes.__getitem__, max_blocks) - npu_blocks)
 
+    def lookup_span(self, req: Request) -> int:
+        """Leading blocks of ``req`` a lookup reads: those of its first num_tokens - 1
+        tokens, up to its first private block if it was never preempted (no block holds
+        a private block's hash then: only it could have cached one)."""
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        private = self.private
+        if private is not None and not req.preemptions and self.lower_tier is None:
+            p = private.get(req.rid, NONE_PRIVATE)
+            if p < max_blocks:
+                return p
+        return max_blocks
+
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (at most num_tokens - 1)."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (req.num_tokens - 1) // self.block_size
+        max_blocks = self.lookup_span(req)
+        if not max_blocks:
+            return []
         hashes = block_hashes(req, self.block_size, max_blocks)
         first = self.first
         hit: list[int] = []
@@ -450,8 +464,9 @@ class KVCacheManager:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
         recycled, ref = self.free.recycled, self.ref
         for bid in reversed(block_ids):
-            ref[bid] -= 1
-            if ref[bid] == 0:
+            n = ref[bid] - 1
+            ref[bid] = n
+            if not n:
                 recycled[bid] = None
 
     def free_request(self, req: Request, finished: bool | None = None) -> None:

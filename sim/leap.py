@@ -318,8 +318,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
-    max_blocks = (head.num_tokens - 1) // bs
-    watched = set(block_hashes(head, bs, max_blocks)[:max_blocks])
+    max_blocks = kv.lookup_span(head)  # (no block holds the hash of one past it)
+    watched = set(block_hashes(head, bs, max_blocks)[:max_blocks]) if max_blocks else ()
     if watched:
         if accounted or not sch.reserve_full:
             block_hash = kv.block_hash
