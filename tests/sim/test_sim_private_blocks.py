@@ -247,3 +247,43 @@ def test_duplicate_request_ids_enter_every_block(bundle_root, monkeypatch):
     assert made[-1] is None  # (the run's manager: the last one made)
     sim.simulate(cluster, sim.Workload([Request(0, 0, 40, 5), Request(1, 1, 40, 5)]), opts)
     assert made[-1] == {0: 0, 1: 0}
+
+
+def _states(cluster, workload, opts, monkeypatch) -> dict:
+    """Each instance's requests, free queue, prefix table and tier whenever it schedules
+    a step."""
+    seen: dict = {}
+    real = sim.engine.Scheduler.schedule
+
+    def schedule(sch, now):
+        reqs = sorted(sch.running + list(sch.waiting), key=lambda r: r.rid)
+        kv = sch.kv
+        tier = () if kv.lower_tier is None else tuple(n.key for n in kv.lower_tier.lru)
+        state = (tuple((r.rid, r.num_computed, r.num_output, r.cached_hashes,
+                        tuple(r.block_ids)) for r in reqs), tuple(kv.free),
+                 tuple(kv.block_hash), sorted(kv.first.items()),
+                 sorted((h, tuple(d)) for h, d in kv.dups.items()), tier)
+        seen.setdefault((sch.instance_id, now), []).append(state)
+        return real(sch, now)
+
+    monkeypatch.setattr(sim.engine.Scheduler, "schedule", schedule)
+    sim.simulate(cluster, workload, opts)
+    monkeypatch.undo()
+    return seen
+
+
+def test_a_leap_counts_private_fills_as_steps_do(bundle_root, monkeypatch):
+    """Where a leapt run schedules a step, its requests (cached block counts included:
+    a leap sets a private request's once, at its end) and free queue are the stepped
+    run's at that time; also with a lower tier (where nothing is deferred)."""
+    wl = _workload(14)
+    for async_, tier, blocks in ((False, None, 90), (True, None, 90), (True, "CPU", 90),
+                                 (False, "CPU", 400)):
+        cluster = sim.parse_cluster(cluster_dict(blocks, 1, 16))
+        opts = opts_for(bundle_root, async_scheduling=async_, enable_prefix_caching=True,
+                        block_size=16, prefix_storage=tier)
+        stepped = _states(cluster, wl, opts.replace(event_leaping=False), monkeypatch)
+        leapt = _states(cluster, wl, opts.replace(event_leaping=True), monkeypatch)
+        assert len(leapt) < 0.75 * len(stepped)  # (many steps leapt over)
+        for key, states in leapt.items():
+            assert stepped[key][:len(states)] == states, key
