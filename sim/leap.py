@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from itertools import accumulate, chain, islice
 from operator import mul
 
-from sim.kv_cache import block_hashes
+from sim.kv_cache import NONE_PRIVATE, block_hashes
 from sim.latency.base import BatchShape
 from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
@@ -529,13 +529,14 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     table, the allocations between two frees take their blocks at once."""
     kv = sch.kv
     n = len(sch.running) + 1  # index len(running): the finishing requests' blocks freed
-    keys, deferred, exact = _candidates(sch, plan, steps, done, n)
+    keys, frees, deferred, exact = _candidates(sch, plan, steps, done, n)
     free_before = kv.num_free
     if exact or kv.lower_tier is not None:
-        _replay_events(sch, plan, sorted(set(keys)), n)
+        keys += [(2 * d + 1) * n + n - 1 for d in frees]
+        _replay_events(sch, plan, sorted(set(keys)), n, frees)
     else:
         keys.sort()
-        _replay_allocations(sch, plan, keys, n)
+        _replay_allocations(sch, keys, n, frees)
     if deferred:
         _count_private(sch, plan, deferred, steps, done)
     freed = sum(plan.freed_at[:done + 1])
@@ -543,17 +544,8 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
         raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _free_finishing(sch: Scheduler, plan: LeapPlan, phase: int) -> None:
-    """Free the blocks of the requests finishing at completion phase ``phase``, in running
-    order (``Scheduler.complete``)."""
-    k = (phase + 1) // 2
-    running, drops = sch.running, plan.drops
-    for i in finishing(plan, k):
-        if drops[i] + 1 == k:
-            sch.kv.free_request(running[i], finished=True)
-
-
-def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> None:
+def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
+                   frees: dict[int, list[int]]) -> None:
     """Every event, one at a time, in order."""
     kv = sch.kv
     bs = kv.block_size
@@ -568,7 +560,8 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> N
     for key in keys:
         phase, i = divmod(key, n)
         if i == n - 1:
-            _free_finishing(sch, plan, phase)
+            for i in frees[phase >> 1]:
+                kv.free_request(running[i], finished=True)
             continue
         r = running[i]
         if not phase & 1:
@@ -607,26 +600,27 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> N
                 cache_blocks(r, c - ph)
 
 
-def _replay_allocations(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int) -> None:
+def _replay_allocations(sch: Scheduler, keys: list[int], n: int,
+                        frees: dict[int, list[int]]) -> None:
     """The events when all are allocations (each candidate is one: they are exact) and
-    frees, and no block enters the table (no lower tier): the blocks taken between two
-    frees are the free queue's next ones, evicted from the table in any order (no
-    entry is made in between), handed out in event order."""
+    frees, and no block enters the table (no lower tier): the blocks taken before a
+    free are the free queue's next ones, evicted from the table in any order (no entry
+    is made in between), handed out in event order."""
     kv = sch.kv
-    last = n - 1
-    appends = [r.block_ids.append for r in sch.running]
+    running = sch.running
+    appends = [r.block_ids.append for r in running]
     lo = 0
-    while lo < len(keys):
-        hi = lo
-        while hi < len(keys) and keys[hi] % n != last:
-            hi += 1
+    for d in sorted(frees):  # freed at completion d + 1: phase 2d + 1
+        hi = bisect_right(keys, (2 * d + 1) * n + n - 1, lo)
         if hi > lo:
-            taken = _take_blocks(kv, hi - lo)
-            for key, bid in zip(keys[lo:hi], taken):
+            for key, bid in zip(keys[lo:hi], _take_blocks(kv, hi - lo)):
                 appends[key % n](bid)
-        if hi < len(keys):
-            _free_finishing(sch, plan, keys[hi] // n)
-        lo = hi + 1
+            lo = hi
+        for i in frees[d]:
+            kv.free_request(running[i], finished=True)
+    if lo < len(keys):
+        for key, bid in zip(keys[lo:] if lo else keys, _take_blocks(kv, len(keys) - lo)):
+            appends[key % n](bid)
 
 
 def _take_blocks(kv, count: int) -> list[int]:
@@ -681,56 +675,67 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
     steps from ``plan.firsts``, while it is in the batch); a block fills when the tokens
     to cache cross a multiple of the block size, or at once when its cache lags at the
     start. (Async) a request dropped from step d has its last completion d + 1, after
-    which its blocks are freed (index n - 1); a completion k before that caches what its
-    step k - 1, scheduled before it, has cached already (c0 + k - 1 tokens, c0 = input +
-    output): only its scheduling phases and its last completion are candidates. A
-    request whose blocks to fill are all private gets no fill phase: it is returned among
-    the deferred ones. Returns the phases, the deferred requests and whether any fill
-    phase is among the phases."""
+    which its blocks are freed (phase 2d + 1, index n - 1); a completion k before that
+    caches what its step k - 1, scheduled before it, has cached already (c0 + k - 1
+    tokens, c0 = input + output): only its scheduling phases and its last completion are
+    candidates. A request whose blocks to fill are all private gets no fill phase: it is
+    among the deferred ones. Returns the phases (frees left out), the requests freed
+    after each completion (by d: at completion d + 1, in running order), the deferred
+    requests, and whether any fill phase is among the phases."""
     kv = sch.kv
     bs = kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
     drops = plan.drops
     running = sch.running
-    caching = kv.enable_prefix_caching
-    fills = [False] * (n - 1)  # per request: whether its fills are events
+    fills: list[int] = []
     deferred: list[int] = []
-    if caching:
-        defer = kv.defers_private()
-        for i, r in enumerate(running):
-            if drops is not None and drops[i] == 0:
-                continue
-            if defer and (r.cached_hashes or 0) >= kv.private_from(r):
-                deferred.append(i)
-            else:
-                fills[i] = True
-    ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
+    if kv.enable_prefix_caching:
+        if kv.defers_private():
+            private = kv.private
+            for i, r in enumerate(running):
+                if (r.cached_hashes or 0) < private.get(r.rid, NONE_PRIVATE):
+                    fills.append(i)
+                else:
+                    deferred.append(i)
+        else:
+            fills = list(range(n - 1))
+        if drops is not None and plan.leaving:  # (in no step)
+            fills = [i for i in fills if drops[i]]
+            deferred = [i for i in deferred if drops[i]]
     keys: list[int] = []
     extend = keys.extend
-    if drops is not None:
+    frees: dict[int, list[int]] = {}
+    firsts = plan.firsts
+    exact = False
+    if drops is not None and (plan.leaving or (plan.bounds and plan.bounds[0] < done)):
+        ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
+        fill_set = set(fills)
         for i in finishing(plan, done):  # finishes at completion d + 1 <= done
             d = drops[i]
             ends[i] = min(sched_end, 2 * (d - 1) * n + n)
-            keys.append((2 * d + 1) * n + n - 1)
-            if fills[i]:
+            frees.setdefault(d, []).append(i)
+            if i in fill_set:
                 keys.append((2 * d + 1) * n + i)
-    for i, f in enumerate(plan.firsts):
-        if f < steps:
-            extend(range(2 * f * n + i, ends[i], period))
-    exact = False
-    for i, r in enumerate(running):
-        if not fills[i]:
-            continue
-        c0 = plan.computed0[i]
-        cached = r.cached_hashes or 0
+                exact = True
+        for i, f in enumerate(firsts):
+            if f < steps:
+                extend(range(2 * f * n + i, ends[i], period))
+    else:
+        ends = None
+        for i, f in enumerate(firsts):
+            if f < steps:
+                extend(range(2 * f * n + i, sched_end, period))
+    computed0, output0 = plan.computed0, plan.output0
+    for i in fills:
+        r = running[i]
         # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
-        base = min(c0 + 1, r.input_len + plan.output0[i])
-        j = (cached + 1) * bs - base
+        base = min(computed0[i] + 1, r.input_len + output0[i])
+        j = ((r.cached_hashes or 0) + 1) * bs - base
         if j < steps:
             if j <= 0:
                 keys.append(i)
                 j = (-base) % bs or bs
-            extend(range(2 * j * n + i, ends[i], period))
+            extend(range(2 * j * n + i, ends[i] if ends else sched_end, period))
             exact = True
-    return keys, deferred, exact or any(fills[i] for i in finishing(plan, done))
+    return keys, frees, deferred, exact
