@@ -217,6 +217,11 @@ def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
     if not leaving:
         return []
     ref = sch.kv.ref
+    out = []
+    for r in leaving:
+        out += reversed(r.block_ids)
+    if not out or max(map(ref.__getitem__, out)) == 1:
+        return out  # (no block shared: each is freed)
     left: dict[int, int] = {}
     out = []
     for r in leaving:
@@ -264,10 +269,13 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
     free ones after the k-th completion, for step k on."""
     bs = sch.kv.block_size
     pops = [0] * max_steps
+    periodic = True  # every request's first block step is in the first block_size steps
     if drops is None:
         for f in firsts:
             if f < max_steps:
                 pops[f] += 1
+                if f >= bs:
+                    periodic = False
     else:
         for f, d in zip(firsts, drops):
             if f < d and f < max_steps:
@@ -275,8 +283,15 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
                 e = f + (d - f + bs - 1) // bs * bs  # its first block step not in the batch
                 if e < max_steps:
                     pops[e] -= 1
-    for j in range(bs, max_steps):
-        pops[j] += pops[j - bs]
+                    periodic = False
+                elif f >= bs:
+                    periodic = False
+    if periodic:
+        if max_steps > bs:  # (the same blocks every block_size steps)
+            pops = (pops[:bs] * (max_steps // bs + 1))[:max_steps]
+    else:
+        for j in range(bs, max_steps):
+            pops[j] += pops[j - bs]
     pops_through = list(accumulate(pops))
     cap = sch.kv.num_free
     n = min(len(freed_at), max_steps)
