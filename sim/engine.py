@@ -25,7 +25,7 @@ from sim.kv_cache import KVCacheManager, PrefixTier, private_depths
 from sim.leap import (NEVER, apply_leap, finished_in, finishing, plan_leap, segment_end,
                       steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
-from sim.memory import MemoryBudget, memory_budget
+from sim.memory import MemoryBudget, effective_max_model_len, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave, cudagraph_size, default_max_cudagraph_capture_size
@@ -64,7 +64,7 @@ class InstanceRuntime:
 
 def _max_model_len(inst: InstanceRuntime) -> int:
     """vLLM's max_model_len: the option where given, else the model's position limit."""
-    return int(getattr(inst.opts, "max_model_len", 0) or inst.model.max_position_embeddings)
+    return effective_max_model_len(inst.opts, inst.model)
 
 
 def _log_memory(inst: InstanceRuntime) -> None:
