@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, chain, islice
+from itertools import accumulate, chain, compress, islice
 from operator import mul
 
 from sim.kv_cache import NONE_PRIVATE, block_hashes
@@ -268,8 +268,28 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
     while it is in the batch (before step drops[i]); ``freed_at[k]`` blocks join the
     free ones after the k-th completion, for step k on."""
     bs = sch.kv.block_size
+    pops = _step_pops(bs, firsts, max_steps, drops)
+    pops_through = list(accumulate(pops))  # (non-decreasing)
+    # The free blocks change only where freed_at is not 0: between two such steps, the
+    # first step short of blocks is found by bisection.
+    cap = sch.kv.num_free
+    j = 0
+    for k in compress(range(min(len(freed_at), max_steps)), freed_at):
+        if k > j:
+            short = bisect_right(pops_through, cap, j, k)
+            if short < k:
+                return pops, pops_through, short
+            j = k
+        cap += freed_at[k]
+    return pops, pops_through, bisect_right(pops_through, cap, j)
+
+
+def _step_pops(bs: int, firsts: list[int], max_steps: int, drops: list[int] | None
+               ) -> list[int]:
+    """``_block_pops``'s blocks taken at each step."""
     pops = [0] * max_steps
     periodic = True  # every request's first block step is in the first block_size steps
+    leave = []  # (periodic) the first block step past each leaving request's last
     if drops is None:
         for f in firsts:
             if f < max_steps:
@@ -281,25 +301,20 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
             if f < d and f < max_steps:
                 pops[f] += 1
                 e = f + (d - f + bs - 1) // bs * bs  # its first block step not in the batch
+                if f >= bs:
+                    periodic = False
                 if e < max_steps:
                     pops[e] -= 1
-                    periodic = False
-                elif f >= bs:
-                    periodic = False
-    if periodic:
-        if max_steps > bs:  # (the same blocks every block_size steps)
-            pops = (pops[:bs] * (max_steps // bs + 1))[:max_steps]
-    else:
+                    leave.append(e)
+    if not periodic:
         for j in range(bs, max_steps):
             pops[j] += pops[j - bs]
-    pops_through = list(accumulate(pops))
-    cap = sch.kv.num_free
-    n = min(len(freed_at), max_steps)
-    for j in range(n):
-        cap += freed_at[j]
-        if pops_through[j] > cap:
-            return pops, pops_through, j
-    return pops, pops_through, bisect_right(pops_through, cap, n)
+        return pops
+    if max_steps > bs:  # (the same blocks every block_size steps, less those left)
+        pops = (pops[:bs] * (max_steps // bs + 1))[:max_steps]
+        for e in leave:  # (e >= block_size: past its mark)
+            pops[e::bs] = [x - 1 for x in pops[e::bs]]
+    return pops
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,

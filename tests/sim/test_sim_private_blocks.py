@@ -287,3 +287,47 @@ def test_a_leap_counts_private_fills_as_steps_do(bundle_root, monkeypatch):
         assert len(leapt) < 0.75 * len(stepped)  # (many steps leapt over)
         for key, states in leapt.items():
             assert stepped[key][:len(states)] == states, key
+
+
+def _block_pops_reference(bs, num_free, firsts, max_steps, drops, freed_at):
+    """``sim.leap._block_pops`` step by step: each request's block steps, then the
+    free blocks step by step."""
+    pops = [0] * max_steps
+    for i, f in enumerate(firsts):
+        end = max_steps if drops is None else min(max_steps, drops[i])
+        for j in range(f, end, bs):
+            pops[j] += 1
+    through, total = [], 0
+    for p in pops:
+        total += p
+        through.append(total)
+    cap = num_free
+    for j in range(max_steps):
+        cap += freed_at[j] if j < len(freed_at) else 0
+        if through[j] > cap:
+            return pops, through, j
+    return pops, through, max_steps
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(bs=st.sampled_from([1, 2, 4, 16]), max_steps=st.integers(1, 70),
+       firsts=st.lists(st.one_of(st.integers(0, 40), st.just(1 << 60)), min_size=1, max_size=8),
+       drops=st.one_of(st.none(), st.lists(st.integers(0, 80), min_size=8, max_size=8)),
+       freed_at=st.lists(st.sampled_from([0, 0, 0, 1, 3]), max_size=72),
+       num_free=st.integers(0, 30))
+def test_block_pops_periodic_and_bisected_paths(bs, max_steps, firsts, drops, freed_at,
+                                                num_free):
+    class _Kv:
+        block_size = bs
+
+    class _Sch:
+        kv = _Kv()
+
+    _Sch.kv.num_free = num_free
+    from sim.leap import _block_pops
+    pops, through, steps = _block_pops(_Sch, firsts, max_steps, drops, freed_at)
+    ref_pops, ref_through, ref_steps = _block_pops_reference(bs, num_free, firsts, max_steps,
+                                                             drops, freed_at)
+    assert (pops, through) == (ref_pops, ref_through)
+    # (past max_steps the plan's bound may be any that the blocks allow)
+    assert min(steps, max_steps) == ref_steps
