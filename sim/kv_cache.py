@@ -117,11 +117,12 @@ def private_depths(requests: list[Request], block_size: int) -> dict[int, int]:
                 depth[r.rid] = level
                 continue
             if r.block_hashes is None or len(r.block_hashes) <= level:
-                # (block_hashes is a pure cache: hashes past the known tokens are fine)
+                # (block_hashes is a pure cache: hashes past the known tokens are fine;
+                # a few levels at a time)
                 n_now = r.num_output
                 r.num_output = n_out
                 try:
-                    block_hashes(r, block_size, level + 1)
+                    block_hashes(r, block_size, level + 8 if level else 1)
                 finally:
                     r.num_output = n_now
             bucket = buckets.setdefault(r.block_hashes[level], [])
