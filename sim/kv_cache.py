@@ -46,7 +46,7 @@ from itertools import chain
 from sim.request import FINISHED, Request
 
 
-#: ``KVCacheManager.private_from`` of a request without private blocks
+#: the first private block (``KVCacheManager.private``) of a request without any
 NONE_PRIVATE = 1 << 62
 
 
@@ -227,10 +227,6 @@ class KVCacheManager:
     def defers_private(self) -> bool:
         """Whether private blocks are cached without entering the table."""
         return self.private is not None and self.lower_tier is None
-
-    def private_from(self, req: Request) -> int:
-        """Index of ``req``'s first private block (past any block: none)."""
-        return self.private.get(req.rid, NONE_PRIVATE)
 
     # -------------------------------------------------------------- accounting
     @property

@@ -12,6 +12,9 @@ there the real KV-cache code runs (``KVCacheManager.allocate`` / ``cache_blocks`
 the request's counters set to the values they have at that point of the stretch, in the
 same global order as step-by-step simulation (step by step, running order within a
 step), so the block pool, its free queue and the prefix-cache tables end identical.
+A request whose blocks to fill are private (``sim.kv_cache``: no other request can hit
+them) only counts them: no event, its count set at the end of the stretch; where no
+event enters a block in the prefix table, the blocks are handed out in one pass.
 Block allocations in a stretch cannot fail (the plan counts them against the free
 blocks), and the head of the waiting queue provably stays unadmittable (its prefix hit
 cannot change and free blocks only shrink).
