@@ -276,13 +276,13 @@ class KVCacheManager:
         if not max_blocks:
             return []
         hashes = block_hashes(req, self.block_size, max_blocks)
-        first = self.first
-        hit: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            bid = first.get(hashes[i])
-            if bid is None:
-                break
-            hit.append(bid)
+        get = self.first.get
+        if not hashes or get(hashes[0]) is None:
+            return []
+        # every block looked up at once; the hit ends at the first one not cached
+        hit = list(map(get, hashes[:max_blocks] if len(hashes) > max_blocks else hashes))
+        if None in hit:
+            del hit[hit.index(None):]
         return hit
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
