@@ -725,12 +725,14 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
     deferred: list[int] = []
     if kv.enable_prefix_caching:
         if kv.defers_private():
-            private = kv.private
-            for i, r in enumerate(running):
-                if (r.cached_hashes or 0) < private.get(r.rid, NONE_PRIVATE):
-                    fills.append(i)
-                else:
-                    deferred.append(i)
+            get = kv.private.get
+            fills = [i for i, r in enumerate(running)
+                     if (r.cached_hashes or 0) < get(r.rid, NONE_PRIVATE)]
+            if fills:
+                fill_set = set(fills)
+                deferred = [i for i in range(n - 1) if i not in fill_set]
+            else:
+                deferred = list(range(n - 1))
         else:
             fills = list(range(n - 1))
         if drops is not None and plan.leaving:  # (in no step)
