@@ -135,12 +135,13 @@ def _run(spec, ops, num_blocks: int, tier: bool, deferring: bool) -> list:
     return d.seen
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
+@settings(max_examples=400, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(spec=request_specs(), ops=st.lists(st.integers(-3, 20), min_size=10, max_size=160),
-       num_blocks=st.integers(7, 20), tier=st.sampled_from([False, False, True]))
+@given(spec=request_specs(), ops=st.lists(st.integers(-12, 20), min_size=10, max_size=160),
+       num_blocks=st.integers(5, 10), tier=st.sampled_from([False, False, True]))
 def test_deferring_private_blocks_changes_no_lookup_eviction_or_block(spec, ops, num_blocks,
                                                                       tier):
+    # (about a quarter of the cases preempt, most of those hit a preempted request's blocks)
     assert _run(spec, ops, num_blocks, tier, True) == _run(spec, ops, num_blocks, tier, False)
 
 
