@@ -22,7 +22,7 @@ from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
-from sim.kv_cache import KVCacheManager, PrefixTier
+from sim.kv_cache import KVCacheManager, PrefixTier, private_depths
 from sim.leap import (apply_leap, finished_in, finishing, plan_leap, segment_end,
                       steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
@@ -428,9 +428,15 @@ class _Run:
         self.rejected: list[Request] = []
 
     def _reset_instances(self) -> None:
+        # (a request's private blocks are its own only while no other shares its id)
+        unique = len({r.rid for r in self.all_reqs}) == len(self.all_reqs)
+        private: dict[int, dict[int, int]] = {}  # by block size
         for inst in self.instances:
-            kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
-                                inst.opts.enable_prefix_caching)
+            o = inst.opts
+            if unique and o.enable_prefix_caching and o.block_size not in private:
+                private[o.block_size] = private_depths(self.all_reqs, o.block_size)
+            kv = KVCacheManager(inst.num_kv_blocks, o.block_size, o.enable_prefix_caching,
+                                private=private.get(o.block_size))
             inst.scheduler = sch = Scheduler(inst.instance_id, inst.opts, kv)
             sch.role = inst.config.pd_type
             # Without --max-model-len vLLM takes the model's position limit.
