@@ -126,12 +126,14 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     # (only where requests may finish past the first completion do their blocks stop)
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
                                                 drops if general else None, freed_at)
+    if max_steps < 2:
+        return None  # (see below)
     head_lookup = None
     waiting = sch.waiting
     stay = len(running) - len(leaving)
     budget_left = sch.budget - stay
     free0 = sch.kv.num_free
-    if max_steps and waiting and budget_left > 0 and stay < sch.max_num_seqs:
+    if waiting and budget_left > 0 and stay < sch.max_num_seqs:
         head = waiting[0]
         if head.remote_kv or len(running) >= sch.max_num_seqs:
             return None  # (the leaving requests' seats free up for step 1)
@@ -392,7 +394,7 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
         return 0, None
     if freed and max_steps > 1 and _head_admissible(
             sch, head, hit, free0 + len(freed) - pops_through[1], budget):
-        max_steps = 1
+        return 1, None  # (a stretch of one step is not taken: nothing more to bound)
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
