@@ -301,3 +301,45 @@ def test_async_arrival_costs_one_stepped_step(bundle_root, monkeypatch):
     assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
     # 16 admissions, a few steps more at the start and end; most steps leapt
     assert len(calls) <= 16 + 4 and sum(steps) >= 20 * len(calls)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(num_blocks=st.integers(4, 80), block_size=st.sampled_from([4, 16]),
+       cached=st.integers(0, 300), head_len=st.integers(1, 500), shared=st.integers(0, 300),
+       held=st.lists(st.integers(1, 120), max_size=5), threshold=st.sampled_from([0, 48]),
+       chunked=st.booleans(), reserve=st.booleans(), budget=st.sampled_from([24, 256, 4096]))
+def test_waiting_head_admissible_without_lookup_is_exact(num_blocks, block_size, cached, head_len,
+                                                          shared, held, threshold, chunked,
+                                                          reserve, budget):
+    """``_head_hit`` answers "no stretch" (the head would be admitted) without its prefix
+    lookup where its whole sequence fits the free blocks: the same answer as the lookup
+    and the admission test, with cached prefix blocks (free or held) and held blocks."""
+    from sim.kv_cache import KVCacheManager
+    from sim.leap import _head_admissible, _head_hit
+    from sim.scheduler import Scheduler
+
+    o = sim.SimOptions(block_size=block_size, enable_prefix_caching=True,
+                       enable_chunked_prefill=chunked, reserve_full_isl=reserve,
+                       long_prefill_token_threshold=threshold, max_num_batched_tokens=budget)
+    kv = KVCacheManager(num_blocks, block_size, True)
+    sch = Scheduler(0, o, kv)
+    ids = list(range(10_000, 10_000 + max(cached, shared, 1)))
+    if cached and kv.blocks_for(cached) <= kv.num_free:  # a finished request's cached blocks
+        done = Request(900, 0, cached, 1, input_ids=ids[:cached])
+        kv.allocate(done, cached)
+        kv.free_request(done)
+    for k, n in enumerate(held):  # running requests holding blocks
+        r = Request(k, 0, n, 50, input_ids=[7 + 1000 * k + t for t in range(n)])
+        if kv.allocate(r, n):
+            r.num_computed = n
+            r.status = sim.request.RUNNING
+            sch.running.append(r)
+    n_shared = min(shared, head_len)
+    head = Request(999, 0, head_len, 10,
+                   input_ids=ids[:n_shared] + [5_000_000 + t for t in range(head_len - n_shared)])
+    sch.add_request(head)
+    n = len(sch.running)
+    if sch.budget - n <= 0 or n >= sch.max_num_seqs:
+        return
+    expected = _head_admissible(sch, head, kv.lookup(head), kv.num_free - n, sch.budget - n)
+    assert (_head_hit(sch) is False) == expected
