@@ -569,10 +569,18 @@ class MeasuredProvider(LatencyProvider):
 
     @staticmethod
     def _line(axis: _Axis, vals: list[float], q: float, slope: float) -> float:
-        if q > axis.vals[-1]:
-            return vals[-1] + slope * (q - axis.vals[-1])
-        lo, hi, t, _ = axis.bracket(q)
-        return vals[lo] + t * (vals[hi] - vals[lo])
+        keys = axis.vals
+        top = keys[-1]
+        if q > top:
+            return vals[-1] + slope * (q - top)
+        # _Axis.bracket, inline (the same operations)
+        n = axis.n
+        if n == 1 or q <= keys[0]:
+            return vals[0] + 0.0 * (vals[0] - vals[0])
+        i = bisect.bisect_right(keys, q)
+        lo = i - 1 if i < n else n - 2
+        t = (q - keys[lo]) / (keys[lo + 1] - keys[lo])
+        return vals[lo] + t * (vals[lo + 1] - vals[lo])
 
     @staticmethod
     def _line_many(axis: _Axis, vals: list[float], qs: range, slope: float) -> list[float]:
