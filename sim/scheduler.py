@@ -170,56 +170,62 @@ class Scheduler:
         caching = kv.enable_prefix_caching
         # A PD prefill instance serves each request with max_tokens=1 (vLLM's proxy).
         one_token = self.role == "prefill"
+        add_req, add_new = reqs.append, news.append
         preempted = False
-        i = 0
+        i = 0  # the index in ``running`` of the request after the one being scheduled
         while i < len(running) and budget > 0:
             req = running[i]
+            i += 1
+            k = req.num_computed
             ph = req.num_placeholders
-            if ph and req.num_computed + 2 - ph >= req.input_len + (
-                    1 if one_token else req.output_len):
-                # (async) Its step in flight is its last.
-                i += 1
-                continue
-            known = req.input_len + req.num_output
-            n = known + ph - req.num_computed
+            n_in = req.input_len
+            if ph and k + 2 - ph >= n_in + (1 if one_token else req.output_len):
+                continue  # (async) Its step in flight is its last.
+            known = n_in + req.num_output
+            n = known + ph - k
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
                 n = budget
-            if n > cap - req.num_computed:
-                n = cap - req.num_computed
+            if n > cap - k:
+                n = cap - k
             if n <= 0:
-                i += 1
                 continue
-            nc = req.num_computed + n
+            nc = k + n
             if nc <= len(req.block_ids) * bs and (not caching or (
                     nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
-                # Fast path (most decodes): its blocks have room and nothing new to cache.
-                reqs.append(req)
-                news.append(n)
-                budget -= n
-                i += 1
-                continue
-            while not kv.allocate(req, n):
-                victim = self._pick_victim()
-                if victim in reqs:
-                    # (priority policy) a request scheduled earlier in this step: undo it.
-                    k = reqs.index(victim)
-                    budget += news[k]
-                    del reqs[k], news[k]
-                    i -= 1
-                self._preempt(victim)
+                pass  # Fast path (most decodes): its blocks have room and nothing to cache.
+            elif not kv.allocate(req, n):
+                allocated, refund, undone = self._preempt_for(req, n, reqs, news)
                 preempted = True
-                if victim is req:
+                budget += refund
+                i -= undone
+                if not allocated:
                     break
-            else:
-                reqs.append(req)
-                news.append(n)
-                budget -= n
-                i += 1
-                continue
-            break
+            add_req(req)
+            add_new(n)
+            budget -= n
         return budget, preempted
+
+    def _preempt_for(self, req: Request, n: int, reqs: list[Request],
+                     news: list[int]) -> tuple[bool, int, int]:
+        """Preempt running requests (the scheduling policy's victims) until ``req`` gets
+        blocks for ``n`` more tokens, or is the victim itself. Returns whether it got them,
+        the budget given back by victims scheduled earlier in this step (priority policy:
+        their step is undone), and how many of those there were."""
+        refund = undone = 0
+        while True:
+            victim = self._pick_victim()
+            if victim in reqs:
+                k = reqs.index(victim)
+                refund += news[k]
+                undone += 1
+                del reqs[k], news[k]
+            self._preempt(victim)
+            if victim is req:
+                return False, refund, undone
+            if self.kv.allocate(req, n):
+                return True, refund, undone
 
     def _schedule_waiting(self, now: int, reqs: list[Request], news: list[int],
                           budget: int) -> int:
@@ -334,7 +340,9 @@ class Scheduler:
         if self.preempted_last:
             self.preempted_last = []
         budget, preempted = self._schedule_running(now, reqs, news, self.budget)
-        tier_bytes = self._schedule_waiting(now, reqs, news, budget) if not preempted else 0
+        tier_bytes = 0
+        if not preempted and (self.waiting or self.receiving):
+            tier_bytes = self._schedule_waiting(now, reqs, news, budget)
         if not reqs:
             return None
         return self._make_batch(reqs, news, self.async_scheduling, tier_bytes)
@@ -345,18 +353,22 @@ class Scheduler:
         """vLLM's _update_after_schedule (progress advances now; a step that reaches the
         end of the sequence samples a token, async: a placeholder until it completes) and
         the step's shape, in one pass."""
-        samples = []
+        samples: list[bool] = []
+        add_sample = samples.append
         prefill_tokens = prefill_kv = n_dec = kv_sum = kv_sq = pwork = 0
         kv_max = 0
         kv_min = 1 << 62
         for req, n in zip(reqs, news):
             k = req.num_computed  # tokens already in cache when the step runs
+            n_in = req.input_len
             req.num_computed = k + n
-            s = k + n >= req.input_len + req.num_output + req.num_placeholders
-            samples.append(s)
-            if s and async_:
-                req.num_placeholders += 1
-            if n == 1 and k >= req.input_len:
+            if k + n >= n_in + req.num_output + req.num_placeholders:
+                add_sample(True)
+                if async_:
+                    req.num_placeholders += 1
+            else:
+                add_sample(False)
+            if n == 1 and k >= n_in:
                 n_dec += 1
                 kv_sum += k
                 kv_sq += k * k
@@ -376,17 +388,23 @@ class Scheduler:
     def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
+        last_gap = gap_values[-1] if gap_values else None
         finished: list[Request] = []
         stopped_waiting: list[Request] = []
         kv = self.kv
         async_ = self.async_scheduling
+        # (async) a running request's blocks are cached as its sampled tokens land
+        caching = async_ and kv.enable_prefix_caching
+        bs = kv.block_size
         max_len = self.max_model_len
         prefill_role = self.role == "prefill"
         for req, s in zip(batch.requests, batch.samples):
-            if not s or req.status == FINISHED:
+            if not s:
                 continue
-            was_running = req.status == RUNNING
-            if prefill_role and was_running:
+            status = req.status
+            if status == FINISHED:
+                continue
+            if prefill_role and status == RUNNING:
                 # Prefill done. As in vLLM's disaggregated serving, the prefill instance's
                 # sampled token is not the client's: the request moves to a decode
                 # instance, whose first step samples the first token.
@@ -395,48 +413,58 @@ class Scheduler:
                 req.status = WAITING
                 self.handoffs.append(req)
                 continue
-            if req.num_output == 0:
+            out = req.num_output
+            if out == 0:
                 req.first_token_ns = now
             else:
                 gap = now - req.last_token_ns
-                if gap_values and gap_values[-1] == gap:
+                if gap == last_gap:
                     gap_counts[-1] += 1
                 else:
                     gap_values.append(gap)
                     gap_counts.append(1)
+                    last_gap = gap
                 if gap > req.itl_max_ns:
                     req.itl_max_ns = gap
             req.last_token_ns = now
-            req.num_output += 1
+            out += 1
+            req.num_output = out
             if async_:
-                req.num_placeholders -= 1
-                if was_running and kv.enable_prefix_caching:
-                    n = req.num_computed - req.num_placeholders
-                    if n // kv.block_size > (req.cached_hashes or 0):
+                ph = req.num_placeholders - 1
+                req.num_placeholders = ph
+                if caching and status == RUNNING:
+                    n = req.num_computed - ph
+                    if n // bs > (req.cached_hashes or 0):
                         kv.cache_blocks(req, n)
-            if req.num_output >= req.output_len or req.input_len + req.num_output >= max_len:
+            if out >= req.output_len or req.input_len + out >= max_len:
                 req.status = FINISHED
                 req.finish_ns = now
                 finished.append(req)
-                if not was_running:
+                if status != RUNNING:
                     stopped_waiting.append(req)
-        leaving = finished + self.handoffs if self.handoffs else finished
-        if leaving:
-            done = {id(r) for r in leaving}
-            self.running = [r for r in self.running if id(r) not in done]
-            for r in stopped_waiting:
-                self.waiting.remove(r)
-            for r in finished:
-                kv.free_request(r)
-            for r in self.handoffs:
-                # The prefill side keeps the blocks until the decode side has read them
-                # (vLLM's connector delays the free): the engine calls release_handoff.
-                self.held_handoffs += 1
-                r.handoff_blocks = r.block_ids
-                r.block_ids = []
-                r.cached_hashes = None
-                r.num_computed = 0  # the decode side starts from its own cache
+        if finished or self.handoffs:
+            self._retire(finished, stopped_waiting)
         return finished
+
+    def _retire(self, finished: list[Request], stopped_waiting: list[Request]) -> None:
+        """Finished requests leave (their blocks freed), and so do handed-off prefills
+        (their blocks held until the decode side has read them)."""
+        kv = self.kv
+        leaving = finished + self.handoffs if self.handoffs else finished
+        done = {id(r) for r in leaving}
+        self.running = [r for r in self.running if id(r) not in done]
+        for r in stopped_waiting:
+            self.waiting.remove(r)
+        for r in finished:
+            kv.free_request(r)
+        for r in self.handoffs:
+            # The prefill side keeps the blocks until the decode side has read them
+            # (vLLM's connector delays the free): the engine calls release_handoff.
+            self.held_handoffs += 1
+            r.handoff_blocks = r.block_ids
+            r.block_ids = []
+            r.cached_hashes = None
+            r.num_computed = 0  # the decode side starts from its own cache
 
     def release_handoff(self, blocks: list[int]) -> None:
         """Free a handed-off request's prefill-side blocks once its KV has been read."""
