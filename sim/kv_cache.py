@@ -170,7 +170,9 @@ class KVCacheManager:
         return self.num_blocks - len(self.free)
 
     def usage(self) -> float:
-        return self.num_used / self.num_blocks
+        free = self.free  # (its length, read without the calls: once per step)
+        num_free = free.end - free.next_fresh + len(free.recycled)
+        return (self.num_blocks - num_free) / self.num_blocks
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
