@@ -298,7 +298,7 @@ class KVCacheManager:
             req.cached_hashes = len(hit_blocks)
         else:
             need = -(-(computed + num_new) // bs) - len(req.block_ids)
-            if need > len(free):
+            if need > free.end - free.next_fresh + len(free.recycled):  # (len(free))
                 return False
         if need > 0:
             block_hash = self.block_hash
@@ -314,7 +314,7 @@ class KVCacheManager:
                 need -= take
             popitem = free.recycled.popitem
             for _ in range(need):
-                bid, _ = popitem(last=False)
+                bid = popitem(False)[0]  # the least recently freed
                 if block_hash[bid] is not None:
                     self._evict(bid)
                 ref[bid] = 1
@@ -357,11 +357,17 @@ class KVCacheManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
-        recycled, ref = self.free.recycled, self.ref
-        for bid in reversed(block_ids):
-            ref[bid] -= 1
-            if ref[bid] == 0:
-                recycled[bid] = None
+        ref = self.ref
+        shared = False
+        for bid in block_ids:
+            left = ref[bid] - 1
+            ref[bid] = left
+            if left:
+                shared = True
+        # (a request holds each block once, so the order of the decrements is free)
+        released = reversed(block_ids) if not shared else [
+            b for b in reversed(block_ids) if ref[b] == 0]
+        self.free.recycled.update(dict.fromkeys(released))
 
     def free_request(self, req: Request) -> None:
         self.free_blocks(req.block_ids)
