@@ -357,17 +357,12 @@ class KVCacheManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
-        ref = self.ref
-        shared = False
-        for bid in block_ids:
+        recycled, ref = self.free.recycled, self.ref
+        for bid in reversed(block_ids):
             left = ref[bid] - 1
             ref[bid] = left
-            if left:
-                shared = True
-        # (a request holds each block once, so the order of the decrements is free)
-        released = reversed(block_ids) if not shared else [
-            b for b in reversed(block_ids) if ref[b] == 0]
-        self.free.recycled.update(dict.fromkeys(released))
+            if not left:
+                recycled[bid] = None
 
     def free_request(self, req: Request) -> None:
         self.free_blocks(req.block_ids)
