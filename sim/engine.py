@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from operator import lt
 
 from astrasim import GraphBuilder
 
@@ -539,7 +540,7 @@ class _Run:
         in_flight, pending = self.in_flight, self.pending
         t_next = in_flight[0][0] if in_flight else None
         if pending and (t_next is None or pending[0][0] < t_next) and any(
-                c < d for c, d in zip(self.inflight_count, self.depth)):
+                map(lt, self.inflight_count, self.depth)):
             t_next = pending[0][0]
         if t_next is None:
             raise RuntimeError("simulation stalled: requests remain but nothing can run")

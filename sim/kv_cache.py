@@ -288,7 +288,7 @@ class KVCacheManager:
             need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
             if need < 0:
                 need = 0
-            if need + hit_free > len(free):
+            if need + hit_free > free.end - free.next_fresh + len(free.recycled):  # (len(free))
                 return False
             for b in hit_blocks:
                 if ref[b] == 0:
@@ -301,8 +301,6 @@ class KVCacheManager:
             if need > free.end - free.next_fresh + len(free.recycled):  # (len(free))
                 return False
         if need > 0:
-            block_hash = self.block_hash
-            append = req.block_ids.append
             fresh = free.end - free.next_fresh
             if fresh:
                 # never-used blocks first: nothing cached in them to evict
@@ -312,13 +310,14 @@ class KVCacheManager:
                 ref[lo:lo + take] = [1] * take
                 req.block_ids.extend(range(lo, lo + take))
                 need -= take
-            popitem = free.recycled.popitem
-            for _ in range(need):
-                bid = popitem(False)[0]  # the least recently freed
-                if block_hash[bid] is not None:
-                    self._evict(bid)
-                ref[bid] = 1
-                append(bid)
+            if need:
+                popitem, block_hash = free.recycled.popitem, self.block_hash
+                taken = [popitem(False)[0] for _ in range(need)]  # the least recently freed
+                for bid in taken:
+                    if block_hash[bid] is not None:
+                        self._evict(bid)
+                    ref[bid] = 1
+                req.block_ids += taken
         if self.enable_prefix_caching:
             n = computed + num_new
             known = req.input_len + req.num_output

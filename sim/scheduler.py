@@ -338,13 +338,13 @@ class Scheduler:
                     # vLLM's prefix-cache hit rate: every lookup of a request never
                     # preempted, also one whose admission then fails.
                     kv.hit_tokens += len(hit) * bs + lower * bs
-                    kv.queried_tokens += req.num_tokens
+                    kv.queried_tokens += req.input_len + req.num_output
             else:
                 hit, lower = [], 0
             hit_tokens = len(hit) * bs
             lower_tokens = lower * bs
             computed = req.num_computed + hit_tokens + lower_tokens
-            n = req.num_tokens - computed
+            n = req.input_len + req.num_output - computed  # (num_tokens - computed)
             if threshold and n > threshold:
                 n = threshold
             if not self.chunked and n > budget:
