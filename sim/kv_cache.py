@@ -310,14 +310,14 @@ class KVCacheManager:
                 ref[lo:lo + take] = [1] * take
                 req.block_ids.extend(range(lo, lo + take))
                 need -= take
-            if need:
-                popitem, block_hash = free.recycled.popitem, self.block_hash
-                taken = [popitem(False)[0] for _ in range(need)]  # the least recently freed
-                for bid in taken:
-                    if block_hash[bid] is not None:
-                        self._evict(bid)
-                    ref[bid] = 1
-                req.block_ids += taken
+            popitem, block_hash = free.recycled.popitem, self.block_hash
+            append = req.block_ids.append
+            for _ in range(need):
+                bid = popitem(False)[0]  # the least recently freed
+                if block_hash[bid] is not None:
+                    self._evict(bid)
+                ref[bid] = 1
+                append(bid)
         if self.enable_prefix_caching:
             n = computed + num_new
             known = req.input_len + req.num_output
