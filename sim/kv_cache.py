@@ -271,10 +271,11 @@ class KVCacheManager:
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
                   num_new: int) -> bool:
-        hit_free = sum(1 for b in hit_blocks if self.ref[b] == 0)
+        ref, free = self.ref, self.free
+        hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
         tokens = req.num_tokens if reserve_full else len(hit_blocks) * self.block_size + num_new
-        need = self.blocks_for(tokens) - len(hit_blocks)
-        return need <= len(self.free) - hit_free
+        need = -(-tokens // self.block_size) - len(hit_blocks)  # (blocks_for(tokens) - hit)
+        return need <= free.end - free.next_fresh + len(free.recycled) - hit_free
 
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
