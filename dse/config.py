@@ -1,13 +1,15 @@
 """From a trial's knob values to what sim runs: a cluster config, options, a workload.
 
 Also the pre-checks that reject a configuration before any simulation (devices over the
-budget, an instance wider than a node, and whatever ``sim.validate_cluster`` refuses:
-weights that do not fit, tp that does not divide the heads, ...) and the export of a
-configuration as the equivalent ``vllm serve`` command line.
+budget, an instance wider than a node, whatever ``sim.validate_cluster`` refuses:
+weights that do not fit, tp that does not divide the heads, ..., and a KV cache that cannot
+hold the workload's longest request) and the export of a configuration as the equivalent
+``vllm serve`` command line.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +161,16 @@ def make_trial_config(space: Space, number: int, params: dict) -> TrialConfig:
                        n_inst * per, summary)
 
 
+def sim_inputs(cfg: TrialConfig):
+    """The trial's cluster and options as sim takes them (the ``auto`` backend made the
+    in-process one: nothing here runs it). Raises InputError for what sim refuses."""
+    import sim
+    from dse.worker import resolve_backend
+
+    cluster = sim.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
+    return cluster, sim.SimOptions(**resolve_backend(cfg.options, "inproc"))
+
+
 def precheck(space: Space, cfg: TrialConfig) -> str | None:
     """Why this configuration cannot work, or None. Asks sim for everything model-related."""
     per = cfg.summary["devices_per_instance"]
@@ -170,7 +182,6 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
                 f"over the budget of {space.total_devices}")
     if cfg.params.get("pd") and cfg.summary["replicas"] < 2:
         return "PD disaggregation needs at least 2 instances (one prefill, one decode)"
-    from dse.worker import resolve_backend
     from sim.options import vllm_refusal
 
     p = cfg.params
@@ -181,12 +192,66 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
     try:
         import sim
 
-        cluster = sim.parse_cluster(cfg.cluster, source=f"trial {cfg.number}")
-        sim.validate_cluster(cluster, sim.SimOptions(**resolve_backend(cfg.options, "inproc")))
+        cluster, opts = sim_inputs(cfg)
+        sim.validate_cluster(cluster, opts)
+        return longest_request_refusal(space, sim.kv_capacity(cluster, opts))
     except InputError as exc:
         msg = str(exc)
         return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg
+
+
+def longest_request_refusal(space: Space, capacities) -> str | None:
+    """Why the KV cache cannot hold the workload's longest request even alone, or None:
+    the simulation would stop at it and vLLM would refuse to start with a max_model_len
+    that serves it (or start and never schedule it). The workload is built only for an
+    instance that cannot hold a request of its own max_model_len (e.g. the model's 131,072
+    positions on a 24 GB card); every other holds whatever request it serves. dse's
+    instances of one configuration share their options, so the prefill instances of PD
+    hold as much as the decode ones that must hold the whole request."""
+    for cap in capacities:
+        if cap.holds(cap.max_model_len):
+            continue
+        longest = _longest_sequence(space, cap.max_model_len)
+        if longest and not cap.holds(longest):
+            vllm = (f"would refuse to start with --max-model-len {longest}"
+                    if cap.start_refusal(longest) else
+                    f"would start with --max-model-len {longest} but never schedule it")
+            return (f"the KV cache cannot hold the workload's longest request even alone: "
+                    f"{longest:,} tokens (prompt + output) against at most "
+                    f"{cap.longest_request:,} in instance {cap.instance_id} "
+                    f"({cap.budget.num_blocks:,} KV blocks of {cap.block_size}, one of them "
+                    f"vLLM's null block); vLLM {vllm}")
     return None
+
+
+_WORKLOAD: dict[str, Any] = {}
+_LONGEST: dict[tuple[str, int], int] = {}
+
+
+def _longest_sequence(space: Space, max_model_len: int) -> int:
+    """The space workload's ``longest_sequence`` (kept per workload and length)."""
+    key = (json.dumps(space.workload, sort_keys=True, default=str), max_model_len)
+    if key not in _LONGEST:
+        if len(_LONGEST) > 64:
+            _LONGEST.clear()
+        _LONGEST[key] = space_workload(space).longest_sequence(max_model_len)
+    return _LONGEST[key]
+
+
+def space_workload(space: Space):
+    """The space's workload, built as the workers build it (the same requests every trial
+    simulates; a capacity search's other rates draw the same lengths). The last one built
+    is kept."""
+    import sim
+
+    wl = space.workload
+    key = json.dumps(wl, sort_keys=True, default=str)
+    if key not in _WORKLOAD:
+        _WORKLOAD.clear()
+        _WORKLOAD[key] = (sim.load_jsonl(wl["path"], limit=wl.get("limit"))
+                          if wl["kind"] == "file"
+                          else sim.generate(sim.workload_from_mapping(dict(wl["spec"]))))
+    return _WORKLOAD[key]
 
 
 def check_space_cluster(space: Space) -> None:
@@ -201,11 +266,13 @@ def check_space_cluster(space: Space) -> None:
         raise InputError(f"{space.path}: {exc}") from None
 
 
-def vllm_command(space: Space, params: dict, dp_size: int | None = None) -> str:
+def vllm_command(space: Space, params: dict, dp_size: int | None = None,
+                 max_model_len: int | None = None) -> str:
     """The ``vllm serve`` command line of one server of this configuration: an instance,
     or a data-parallel group of ``dp_size`` instances (default: the configuration's dp on
-    an MoE model, else 1). Its flags are generated from the declarations of the cluster
-    fields and options they set (``sim.cluster_schema.vllm_serve_args``)."""
+    an MoE model, else 1), with ``--max-model-len`` where ``max_model_len`` is given. Its
+    flags are generated from the declarations of the cluster fields and options they set
+    (``sim.cluster_schema.vllm_serve_args``)."""
     import sim
     from sim.cluster_schema import vllm_serve_args
     from sim.options import OPTION_NAMES
@@ -213,6 +280,8 @@ def vllm_command(space: Space, params: dict, dp_size: int | None = None) -> str:
     p = space.complete(params)
     instance = build_cluster(space, p)["nodes"][0]["instances"][0]
     opts = {k: v for k, v in sim_options(space, p).items() if k in OPTION_NAMES}
+    if max_model_len is not None:
+        opts["max_model_len"] = max_model_len
     if dp_size is None:
         dp_size = int(p.get("dp", 1)) if space.is_moe else 1
     args = ["vllm", "serve", space.model,

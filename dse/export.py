@@ -19,12 +19,13 @@ flags are those of the ``vllm serve`` and ``vllm bench serve`` command lines.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dse.config import TrialConfig, vllm_command
+from dse.config import TrialConfig, sim_inputs, space_workload, vllm_command
 from dse.space import Space
 
 BASE_PORT = 8100
@@ -81,8 +82,9 @@ def _host(node: int) -> str:
     return f"${{NODE{node}_HOST:-localhost}}"
 
 
-def serve_lines(space: Space, cfg: TrialConfig) -> list[str]:
-    """The shell lines that start every server of ``cfg`` (each in the background)."""
+def serve_lines(space: Space, cfg: TrialConfig, max_model_len: int | None = None) -> list[str]:
+    """The shell lines that start every server of ``cfg`` (each in the background), with
+    ``--max-model-len`` where ``max_model_len`` is given."""
     head = f"vllm serve {shlex.quote(space.model)} "
     lines: list[str] = []
     node = None
@@ -91,7 +93,8 @@ def serve_lines(space: Space, cfg: TrialConfig) -> list[str]:
             node = s.node
             lines.append(f"\n# ---- node {node}: run these on {_host(node)} ----")
         env = [f"CUDA_VISIBLE_DEVICES={','.join(map(str, s.gpus))}"]
-        base = vllm_command(space, cfg.params, dp_size=s.dp)  # its flags, dp included once
+        # its flags, dp included once
+        base = vllm_command(space, cfg.params, dp_size=s.dp, max_model_len=max_model_len)
         if base.startswith(head):
             base = f"vllm serve {shlex.quote(served_model(space))} " + base[len(head):]
         args = [base, "--port", str(s.port)]
@@ -137,15 +140,29 @@ def _lengths(reqs, which: str) -> tuple[int, float]:
     return round(mid), (hi - mid) / mid if mid else 0.0
 
 
+def _ratio_arg(ratio: float) -> str:
+    """``--random-range-ratio`` as the bench line gives it."""
+    return f"{ratio:.3f}"
+
+
+def bench_longest(workload) -> int:
+    """The most tokens (prompt + output) a request of the bench line's random dataset can
+    reach: vLLM's RandomDataset draws prompts of at most ceil(input_len x (1 + ratio))
+    tokens, special ones included, and outputs of at most ceil(output_len x (1 + ratio)),
+    with the one ``--random-range-ratio`` for both."""
+    reqs = workload.all_requests()
+    in_len, in_ratio = _lengths(reqs, "input")
+    out_len, _ = _lengths(reqs, "output")
+    r = float(_ratio_arg(in_ratio))
+    return math.ceil(in_len * (1 + r)) + math.ceil(out_len * (1 + r))
+
+
 def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
     """``vllm bench serve`` offering the space's workload: the same request count, rate and
     arrival burstiness, and random prompts over the same length ranges."""
-    import sim
-
     wl = space.workload
     if workload is None:
-        workload = (sim.load_jsonl(wl["path"], limit=wl.get("limit")) if wl["kind"] == "file"
-                    else sim.generate(sim.workload_from_mapping(dict(wl["spec"]))))
+        workload = space_workload(space)
     reqs = workload.all_requests()
     in_len, in_ratio = _lengths(reqs, "input")
     out_len, out_ratio = _lengths(reqs, "output")
@@ -153,7 +170,7 @@ def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
     args = ["vllm", "bench", "serve", "--backend", "vllm", "--model", served_model(space),
             "--base-url", base_url, "--dataset-name", "random", "--num-prompts", str(len(reqs)),
             "--random-input-len", str(in_len), "--random-output-len", str(out_len),
-            "--random-range-ratio", f"{in_ratio:.3f}", "--ignore-eos"]
+            "--random-range-ratio", _ratio_arg(in_ratio), "--ignore-eos"]
     spec = wl.get("spec", {})
     if workload.closed_loop_clients:
         args += ["--max-concurrency", str(workload.closed_loop_clients)]
@@ -178,8 +195,61 @@ def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
                              for a in args)]
 
 
-def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any]) -> str:
-    """The whole ``serve.sh`` of one configuration."""
+def max_model_len_for(space: Space, cfg: TrialConfig, workload=None) -> tuple[int | None,
+                                                                               list[str]]:
+    """The ``--max-model-len`` the servers need to start as simulated (None: vLLM's default
+    does) and the comment lines that say why. Without the flag vLLM takes the model's
+    max_position_embeddings and refuses to start when one request of that length does not
+    fit the KV cache. The simulation served the workload (``workload``, default the
+    space's) at that default; vLLM serves it alike at any max_model_len from the workload's
+    longest request (prompt + output, :meth:`sim.Workload.longest_sequence`) up to the
+    default: it refuses and cuts the same requests (none, unless the default does). The
+    flag takes the bench line's longest random request where that is longer and fits, so
+    the server refuses none of those either."""
+    import sim
+
+    caps = [c for c in sim.kv_capacity(*sim_inputs(cfg)) if c.budget is not None]  # not PIM
+    if not any(c.start_refusal() for c in caps):
+        return None, []
+    cap = min(caps, key=lambda c: (c.startable_blocks, c.instance_id))  # the binding one
+    default = cap.max_model_len  # the simulation's: the model's unless the trial set it
+    workload = workload or space_workload(space)
+    longest = workload.longest_sequence(default)
+    source = ("the simulated max_model_len" if cap.max_model_len_set
+              else "the model's max_position_embeddings")
+    why = (f"# Without it vLLM takes {source} ({default:,}) and refuses to start: one such "
+           f"request needs {cap.blocks_needed(default):,} KV blocks of {cap.block_size}, "
+           f"{cap.startable_blocks:,} fit ({cap.longest_startable:,} tokens).")
+    if not longest:  # every prompt is refused at the default: no length serves them
+        return None, [why]
+
+    def fits(n: int) -> bool:
+        return all(c.holds(n) and not c.start_refusal(n) for c in caps)
+
+    bench = min(bench_longest(workload), default)
+    if not fits(longest):  # (dse's precheck rejects such a trial)
+        vllm = ("refuse to start" if any(c.start_refusal(longest) for c in caps)
+                else "never schedule that request")
+        return longest, [f"# --max-model-len {longest}: the workload's longest request "
+                         f"(prompt + output). Even so vLLM would {vllm}: this configuration "
+                         "cannot serve the workload's longest request (one request holds at "
+                         f"most {min(c.longest_request for c in caps):,} tokens).", why]
+    note = (f"# --max-model-len {longest}: the workload's longest request (prompt + output), "
+            "so that vLLM starts and refuses or cuts no request.")
+    if bench <= longest:
+        return longest, [note, why]
+    if fits(bench):
+        return bench, [f"# --max-model-len {bench}: the longest request (prompt + output) of "
+                       f"the bench line's random ones (the workload's: {longest:,}), so that "
+                       "vLLM starts and refuses or cuts none.", why]
+    return longest, [note[:-1] + f"; the bench line's random requests reach {bench:,} tokens, "
+                     "more than fit: the server refuses those over it.", why]
+
+
+def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any],
+                  workload=None) -> str:
+    """The whole ``serve.sh`` of one configuration (``workload``: the simulated one,
+    default the space's)."""
     s = cfg.summary
     srv = servers(space, cfg)
     head = ["#!/bin/sh", f"# {space.name}: trial {cfg.number}, {served_model(space)} on "
@@ -192,7 +262,9 @@ def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any]) ->
         if width != int(cfg.params["ep"]):
             head.append(f"# vLLM shards experts over all tp x dp = {width} GPUs of a server "
                         f"with --enable-expert-parallel; the simulated ep was {cfg.params['ep']}.")
-    body = serve_lines(space, cfg)
+    max_model_len, notes = max_model_len_for(space, cfg, workload)
+    head += notes
+    body = serve_lines(space, cfg, max_model_len)
     entry, _ = entry_lines(space, cfg)
     return "\n".join(head + body + entry + ["wait", ""])
 
@@ -202,7 +274,8 @@ def export_config(space: Space, cfg: TrialConfig, objectives: dict[str, Any], be
     """Write one configuration's files; returns the commands shown in the report."""
     stem = f"trial_{cfg.number:04d}"
     (best_dir / f"{stem}.cluster.json").write_text(json.dumps(cfg.cluster, indent=2) + "\n")
-    serve = deploy_script(space, cfg, objectives)
+    workload = workload or space_workload(space)
+    serve = deploy_script(space, cfg, objectives, workload)
     (best_dir / f"{stem}.serve.sh").write_text(serve)
     _, url = entry_lines(space, cfg)
     bench = bench_command(space, url, workload)

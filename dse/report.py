@@ -15,7 +15,7 @@ import pandas as pd
 
 from dse import metrics as M
 from dse.canonical import config_key, inert_knobs
-from dse.config import make_trial_config
+from dse.config import make_trial_config, space_workload
 from dse.space import KNOBS, Space
 
 
@@ -130,7 +130,7 @@ def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, 
                   if k in KNOBS and row[k] is not None and not _isnan(row[k])}
         cfg = make_trial_config(space, int(row["trial"]), params)
         if workload is None:
-            workload = _workload(space)
+            workload = space_workload(space)
         objs = {n: float(row[n]) for n in names}
         out[cfg.number] = export_config(space, cfg, objs, best_dir, workload)
         rows.append({"trial": cfg.number, **objs, "config": row["config"],
@@ -139,15 +139,6 @@ def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, 
                      "cluster": f"{out[cfg.number]['stem']}.cluster.json"})
     pd.DataFrame(rows).to_csv(best_dir / "index.csv", index=False)
     return out
-
-
-def _workload(space: Space):
-    import sim
-
-    wl = space.workload
-    if wl["kind"] == "file":
-        return sim.load_jsonl(wl["path"], limit=wl.get("limit"))
-    return sim.generate(sim.workload_from_mapping(dict(wl["spec"])))
 
 
 REPORT = "report.html"

@@ -7,9 +7,11 @@ Public API::
     workload = sim.load_jsonl("requests.jsonl")        # or sim.generate(sim.WorkloadSpec(...))
     result = sim.simulate(cluster, workload, sim.SimOptions(max_num_seqs=128))
     result.summary, result.requests_table(), result.timeseries_table()
+    sim.kv_capacity(cluster, sim.SimOptions())         # KV caches and vLLM's start-up check
 """
 
 from sim.backend import make_backend
+from sim.capacity import InstanceCapacity, kv_capacity
 from sim.cluster import ClusterConfig, load_cluster, parse_cluster, unsupported_features
 from sim.engine import Simulator, simulate, validate_cluster
 from sim.errors import InputError
@@ -28,6 +30,7 @@ __all__ = [
                           "ALL2ALL_BACKENDS",
                           "ClusterConfig",
                           "InputError",
+                          "InstanceCapacity",
                           "LengthDist",
                           "RunResult",
                           "SimOptions",
@@ -35,6 +38,7 @@ __all__ = [
                           "Workload",
                           "WorkloadSpec",
                           "generate",
+                          "kv_capacity",
                           "load_cluster",
                           "load_jsonl",
                           "make_backend",

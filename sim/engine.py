@@ -22,11 +22,11 @@ from sim.backend import SystemBackend, make_backend
 from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
-from sim.kv_cache import KVCacheManager, PrefixTier
+from sim.kv_cache import KVCacheManager, PrefixTier, private_depths
 from sim.leap import (NEVER, apply_leap, finished_in, finishing, plan_leap, segment_end,
                       steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
-from sim.memory import MemoryBudget, memory_budget
+from sim.memory import MemoryBudget, effective_max_model_len, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
 from sim.moe_wave import MoEWave, cudagraph_size, default_max_cudagraph_capture_size
@@ -65,7 +65,7 @@ class InstanceRuntime:
 
 def _max_model_len(inst: InstanceRuntime) -> int:
     """vLLM's max_model_len: the option where given, else the model's position limit."""
-    return int(getattr(inst.opts, "max_model_len", 0) or inst.model.max_position_embeddings)
+    return effective_max_model_len(inst.opts, inst.model)
 
 
 def _log_memory(inst: InstanceRuntime) -> None:
@@ -428,9 +428,15 @@ class _Run:
         self.rejected: list[Request] = []
 
     def _reset_instances(self) -> None:
+        # (a request's private blocks are its own only while no other shares its id)
+        unique = len({r.rid for r in self.all_reqs}) == len(self.all_reqs)
+        private: dict[int, dict[int, int]] = {}  # by block size
         for inst in self.instances:
-            kv = KVCacheManager(inst.num_kv_blocks, inst.opts.block_size,
-                                inst.opts.enable_prefix_caching)
+            o = inst.opts
+            if unique and o.enable_prefix_caching and o.block_size not in private:
+                private[o.block_size] = private_depths(self.all_reqs, o.block_size)
+            kv = KVCacheManager(inst.num_kv_blocks, o.block_size, o.enable_prefix_caching,
+                                private=private.get(o.block_size))
             inst.scheduler = sch = Scheduler(inst.instance_id, inst.opts, kv)
             sch.role = inst.config.pd_type
             # Without --max-model-len vLLM takes the model's position limit.

@@ -25,6 +25,17 @@ Rules taken from vLLM (``kv_cache_manager.py``, ``block_pool.py``,
   workload does not give;
 - ``reserve_full_isl``: a waiting request is admitted only if blocks for its whole current
   sequence, not just this chunk, are free.
+
+Private blocks (the simulator's runs: ``private_depths``). A block whose hash no other
+request of the workload can have (its tokens from the start of the sequence are no other
+request's: a hash chains on its parent, so every block after it is private too; a key
+holding the request id, ``(-1, rid, i)`` or ``(-2, rid, i)``, always is) can only be hit
+by the same request, looked up again after a preemption. Such blocks are cached without
+entering the table: the request counts them (``cached_hashes``); they enter it (in block
+order, as they would have) when the request is preempted, and a finished request's are
+dropped. Lookups, evictions and the watched-hash checks of event leaps see what they
+would with every block entered at once; nothing else reads the table. A lower tier
+receives each evicted cached block: with one attached, every block enters at once.
 """
 
 from __future__ import annotations
@@ -32,7 +43,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from itertools import chain
 
-from sim.request import Request
+from sim.request import FINISHED, Request
+
+
+#: the first private block (``KVCacheManager.private``) of a request without any
+NONE_PRIVATE = 1 << 62
 
 
 class RadixNode:
@@ -76,6 +91,50 @@ def block_hashes(req: Request, block_size: int, n: int) -> list[int]:
         parent = hash((parent, key))
         hashes.append(parent)
     return hashes
+
+
+def private_depths(requests: list[Request], block_size: int) -> dict[int, int]:
+    """Per request id, the index of the request's first private block: the first whose
+    hash (that of its tokens from the start of the sequence: the prompt's and the
+    generated ones the workload gives) no other request's sequence has at the same
+    index, or the first past those tokens (its key holds the request id). Requests are
+    grouped by their hashes block by block; only those still sharing go one further.
+    Request ids must be unique (keys holding one are then the request's own)."""
+    depth: dict[int, int] = {}
+    group = []
+    for r in requests:
+        if r.input_ids is None:
+            depth[r.rid] = 0
+        else:
+            group.append(r)
+    level = 0
+    while group:
+        buckets: dict[int, list[Request]] = {}
+        for r in group:
+            out = r.output_ids
+            n_out = len(out) if out is not None else 0
+            if level >= (r.input_len + n_out) // block_size:
+                depth[r.rid] = level
+                continue
+            if r.block_hashes is None or len(r.block_hashes) <= level:
+                # (block_hashes is a pure cache: hashes past the known tokens are fine;
+                # a few levels at a time)
+                n_now = r.num_output
+                r.num_output = n_out
+                try:
+                    block_hashes(r, block_size, level + 8 if level else 1)
+                finally:
+                    r.num_output = n_now
+            bucket = buckets.setdefault(r.block_hashes[level], [])
+            bucket.append(r)
+        group = []
+        for bucket in buckets.values():
+            if len(bucket) == 1:
+                depth[bucket[0].rid] = level
+            else:
+                group += bucket
+        level += 1
+    return depth
 
 
 class FreeBlockQueue:
@@ -137,7 +196,8 @@ class FreeBlockQueue:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 lower_tier: PrefixTier | None = None) -> None:
+                 lower_tier: PrefixTier | None = None,
+                 private: dict[int, int] | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("need at least 2 KV blocks (one is the null block)")
         self.block_size = block_size
@@ -159,6 +219,14 @@ class KVCacheManager:
         self.queried_tokens = 0
         self.lower_tier = lower_tier if enable_prefix_caching else None
         self.lower_hit_tokens = 0
+        #: request id -> its first private block (``private_depths``): private blocks
+        #: enter the table only when their request is preempted (not while a lower tier
+        #: is attached); None: every block enters it at once
+        self.private = private if enable_prefix_caching else None
+
+    def defers_private(self) -> bool:
+        """Whether private blocks are cached without entering the table."""
+        return self.private is not None and self.lower_tier is None
 
     # -------------------------------------------------------------- accounting
     @property
@@ -190,37 +258,74 @@ class KVCacheManager:
         max_blocks = min(max_blocks, len(hashes))
         return max(0, tier.match(hashes.__getitem__, max_blocks) - npu_blocks)
 
+    def lookup_span(self, req: Request) -> int:
+        """Leading blocks of ``req`` a lookup reads: those of its first num_tokens - 1
+        tokens, up to its first private block if it was never preempted (no block holds
+        a private block's hash then: only it could have cached one)."""
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        private = self.private
+        if private is not None and not req.preemptions and self.lower_tier is None:
+            p = private.get(req.rid, NONE_PRIVATE)
+            if p < max_blocks:
+                return p
+        return max_blocks
+
     def lookup(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``req`` (at most num_tokens - 1)."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (req.num_tokens - 1) // self.block_size
+        max_blocks = self.lookup_span(req)
+        if not max_blocks:
+            return []
         hashes = block_hashes(req, self.block_size, max_blocks)
-        first = self.first
-        hit: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            bid = first.get(hashes[i])
-            if bid is None:
-                break
-            hit.append(bid)
+        get = self.first.get
+        if not hashes or get(hashes[0]) is None:
+            return []
+        # every block looked up at once; the hit ends at the first one not cached
+        hit = list(map(get, hashes[:max_blocks] if len(hashes) > max_blocks else hashes))
+        if None in hit:
+            del hit[hit.index(None):]
         return hit
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
-        """Enter ``req``'s full blocks among its first ``num_tokens`` tokens in the cache."""
+        """Enter ``req``'s full blocks among its first ``num_tokens`` tokens in the cache
+        (private ones only counted, with ``private``)."""
         if not self.enable_prefix_caching:
             return
         start = req.cached_hashes or 0
-        full = num_tokens // self.block_size
+        bs = self.block_size
+        full = num_tokens // bs
         if full <= start:
             return
+        private = self.private
+        if private is not None and self.lower_tier is None:
+            p = private.get(req.rid, NONE_PRIVATE)
+            if full > p:
+                if start < p:
+                    self._enter(req, start, p)
+                known = (req.input_len + req.num_output) // bs
+                req.cached_hashes = full if full < known else known
+                return
         hashes = req.block_hashes
         if hashes is None or len(hashes) < full:
-            hashes = block_hashes(req, self.block_size, full)
+            hashes = block_hashes(req, bs, full)
             if len(hashes) < full:
                 full = len(hashes)
+        self._enter(req, start, full, hashes)
+        req.cached_hashes = full
+
+    def _enter(self, req: Request, start: int, full: int, hashes: list[int] | None = None,
+               skip_cached: bool = False) -> None:
+        """Enter blocks ``start .. full - 1`` of ``req`` in the table (``skip_cached``:
+        those not already in it); a hash already cached in another block makes this
+        block a duplicate, a lookup's hit only once the earlier ones are evicted."""
+        if hashes is None:
+            hashes = block_hashes(req, self.block_size, full)
         first, bh, bids = self.first, self.block_hash, req.block_ids
         for i in range(start, full):
             bid = bids[i]
+            if skip_cached and bh[bid] is not None:
+                continue  # (a prefix hit: in the table already)
             h = hashes[i]
             bh[bid] = h
             f = first.get(h)
@@ -236,7 +341,6 @@ class KVCacheManager:
             src = self.block_src
             for i in range(start, full):
                 src[bids[i]] = (hashes, i)
-        req.cached_hashes = full
 
     def cache_full_blocks(self, req: Request) -> None:
         """Cache ``req``'s computed full blocks (those of its first num_computed tokens)."""
@@ -359,12 +463,21 @@ class KVCacheManager:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
         recycled, ref = self.free.recycled, self.ref
         for bid in reversed(block_ids):
-            left = ref[bid] - 1
-            ref[bid] = left
-            if not left:
+            n = ref[bid] - 1
+            ref[bid] = n
+            if not n:
                 recycled[bid] = None
 
-    def free_request(self, req: Request) -> None:
+    def free_request(self, req: Request, finished: bool | None = None) -> None:
+        """Free ``req``'s blocks. Its private blocks enter the table first, unless it is
+        ``finished`` (default: its status says so): it can never hit them again."""
+        if finished is None:
+            finished = req.status == FINISHED
+        if not finished and self.private is not None and self.lower_tier is None:
+            cached = req.cached_hashes or 0
+            p = self.private.get(req.rid, NONE_PRIVATE)
+            if cached > p:
+                self._enter(req, p, cached, skip_cached=True)
         self.free_blocks(req.block_ids)
         req.block_ids = []
         req.cached_hashes = None

@@ -12,6 +12,9 @@ there the real KV-cache code runs (``KVCacheManager.allocate`` / ``cache_blocks`
 the request's counters set to the values they have at that point of the stretch, in the
 same global order as step-by-step simulation (step by step, running order within a
 step), so the block pool, its free queue and the prefix-cache tables end identical.
+A request whose blocks to fill are private (``sim.kv_cache``: no other request can hit
+them) only counts them: no event, its count set at the end of the stretch; where no
+event enters a block in the prefix table, the blocks are handed out in one pass.
 Block allocations in a stretch cannot fail (the plan counts them against the free
 blocks), and the head of the waiting queue provably stays unadmittable (its prefix hit
 cannot change and free blocks only shrink).
@@ -24,10 +27,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import accumulate, chain, islice
+from itertools import accumulate, chain, compress, islice
 from operator import mul
 
-from sim.kv_cache import block_hashes
+from sim.kv_cache import NONE_PRIVATE, block_hashes
 from sim.latency.base import BatchShape
 from sim.metrics import GapRuns
 from sim.request import FINISHED, RUNNING
@@ -217,6 +220,11 @@ def _freed_blocks(sch: Scheduler, leaving: list) -> list[int]:
     if not leaving:
         return []
     ref = sch.kv.ref
+    out = []
+    for r in leaving:
+        out += reversed(r.block_ids)
+    if not out or max(map(ref.__getitem__, out)) == 1:
+        return out  # (no block shared: each is freed)
     left: dict[int, int] = {}
     out = []
     for r in leaving:
@@ -263,28 +271,53 @@ def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[i
     while it is in the batch (before step drops[i]); ``freed_at[k]`` blocks join the
     free ones after the k-th completion, for step k on."""
     bs = sch.kv.block_size
+    pops = _step_pops(bs, firsts, max_steps, drops)
+    pops_through = list(accumulate(pops))  # (non-decreasing)
+    # The free blocks change only where freed_at is not 0: between two such steps, the
+    # first step short of blocks is found by bisection.
+    cap = sch.kv.num_free
+    j = 0
+    for k in compress(range(min(len(freed_at), max_steps)), freed_at):
+        if k > j:
+            short = bisect_right(pops_through, cap, j, k)
+            if short < k:
+                return pops, pops_through, short
+            j = k
+        cap += freed_at[k]
+    return pops, pops_through, bisect_right(pops_through, cap, j)
+
+
+def _step_pops(bs: int, firsts: list[int], max_steps: int, drops: list[int] | None
+               ) -> list[int]:
+    """``_block_pops``'s blocks taken at each step."""
     pops = [0] * max_steps
+    periodic = True  # every request's first block step is in the first block_size steps
+    leave = []  # (periodic) the first block step past each leaving request's last
     if drops is None:
         for f in firsts:
             if f < max_steps:
                 pops[f] += 1
+                if f >= bs:
+                    periodic = False
     else:
         for f, d in zip(firsts, drops):
             if f < d and f < max_steps:
                 pops[f] += 1
                 e = f + (d - f + bs - 1) // bs * bs  # its first block step not in the batch
+                if f >= bs:
+                    periodic = False
                 if e < max_steps:
                     pops[e] -= 1
-    for j in range(bs, max_steps):
-        pops[j] += pops[j - bs]
-    pops_through = list(accumulate(pops))
-    cap = sch.kv.num_free
-    n = min(len(freed_at), max_steps)
-    for j in range(n):
-        cap += freed_at[j]
-        if pops_through[j] > cap:
-            return pops, pops_through, j
-    return pops, pops_through, bisect_right(pops_through, cap, n)
+                    leave.append(e)
+    if not periodic:
+        for j in range(bs, max_steps):
+            pops[j] += pops[j - bs]
+        return pops
+    if max_steps > bs:  # (the same blocks every block_size steps, less those left)
+        pops = (pops[:bs] * (max_steps // bs + 1))[:max_steps]
+        for e in leave:  # (e >= block_size: past its mark)
+            pops[e::bs] = [x - 1 for x in pops[e::bs]]
+    return pops
 
 
 def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
@@ -318,8 +351,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
-    max_blocks = (head.num_tokens - 1) // bs
-    watched = set(block_hashes(head, bs, max_blocks)[:max_blocks])
+    max_blocks = kv.lookup_span(head)  # (no block holds the hash of one past it)
+    watched = set(block_hashes(head, bs, max_blocks)[:max_blocks]) if max_blocks else ()
     if watched:
         if accounted or not sch.reserve_full:
             block_hash = kv.block_hash
@@ -342,9 +375,12 @@ def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[in
     for r, o0 in zip(sch.running, output0):
         start = r.cached_hashes or 0
         full = (r.input_len + o0 + steps) // bs
-        if full <= start or (start and r.block_hashes[start - 1] not in watched):
+        hashes = r.block_hashes
+        if full <= start or (start and (hashes is None or len(hashes) < start
+                                        or hashes[start - 1] not in watched)):
             # Hashes chain on their parent: blocks after one the head does not share
-            # cannot match the head's either.
+            # cannot match the head's either. (Unhashed cached blocks are private
+            # blocks: r's own, not the head's.)
             continue
         r.num_output = o0 + steps  # hashes of the tokens known by then (a pure cache)
         try:
@@ -520,27 +556,45 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
     phase 2j is step j's scheduling, phase 2k-1 the k-th completion; running order
     within a phase, and (async) the blocks of the requests finishing at a completion
-    freed after it. Each candidate phase (``_candidates``) re-checks the exact condition."""
+    freed after it. Each candidate phase (``_candidates``) re-checks the exact condition.
+    A request whose blocks to fill are private (``KVCacheManager.defers_private``) only
+    counts them: its count is set once, at the end. Where no event enters a block in the
+    table, the allocations between two frees take their blocks at once."""
+    kv = sch.kv
+    n = len(sch.running) + 1  # index len(running): the finishing requests' blocks freed
+    keys, frees, deferred, exact = _candidates(sch, plan, steps, done, n)
+    free_before = kv.num_free
+    if exact or kv.lower_tier is not None:
+        keys += [(2 * d + 1) * n + n - 1 for d in frees]
+        _replay_events(sch, plan, sorted(set(keys)), n, frees)
+    else:
+        keys.sort()
+        _replay_allocations(sch, keys, n, frees)
+    if deferred:
+        _count_private(sch, plan, deferred, steps, done)
+    freed = sum(plan.freed_at[:done + 1])
+    if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
+        raise RuntimeError("event leap: block allocations differ from the plan")
+
+
+def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
+                   frees: dict[int, list[int]]) -> None:
+    """Every event, one at a time, in order."""
     kv = sch.kv
     bs = kv.block_size
     caching = kv.enable_prefix_caching
     ph = 1 if sch.async_scheduling else 0
     running = sch.running
-    n = len(running) + 1  # index len(running): the finishing requests' blocks freed
     drops = plan.drops
-    keys = sorted(set(_candidates(sch, plan, steps, done, n)))
     computed0, output0 = plan.computed0, plan.output0
-    free_before = kv.num_free
     free, ref, block_hash = kv.free, kv.ref, kv.block_hash
     recycled = free.recycled
     cache_blocks = kv.cache_blocks
     for key in keys:
         phase, i = divmod(key, n)
         if i == n - 1:
-            k = (phase + 1) // 2
-            for i in finishing(plan, k):
-                if drops[i] + 1 == k:
-                    kv.free_request(running[i])
+            for i in frees[phase >> 1]:
+                kv.free_request(running[i], finished=True)
             continue
         r = running[i]
         if not phase & 1:
@@ -577,51 +631,146 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
                 c = computed0[i] + k - 1 + ph
             if (c - ph) // bs > (r.cached_hashes or 0):
                 cache_blocks(r, c - ph)
-    freed = sum(plan.freed_at[:done + 1])
-    if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
-        raise RuntimeError("event leap: block allocations differ from the plan")
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int) -> list[int]:
+def _replay_allocations(sch: Scheduler, keys: list[int], n: int,
+                        frees: dict[int, list[int]]) -> None:
+    """The events when all are allocations (each candidate is one: they are exact) and
+    frees, and no block enters the table (no lower tier): the blocks taken before a
+    free are the free queue's next ones, evicted from the table in any order (no entry
+    is made in between), handed out in event order."""
+    kv = sch.kv
+    running = sch.running
+    appends = [r.block_ids.append for r in running]
+    lo = 0
+    for d in sorted(frees):  # freed at completion d + 1: phase 2d + 1
+        hi = bisect_right(keys, (2 * d + 1) * n + n - 1, lo)
+        if hi > lo:
+            for key, bid in zip(keys[lo:hi], _take_blocks(kv, hi - lo)):
+                appends[key % n](bid)
+            lo = hi
+        for i in frees[d]:
+            kv.free_request(running[i], finished=True)
+    if lo < len(keys):
+        for key, bid in zip(keys[lo:] if lo else keys, _take_blocks(kv, len(keys) - lo)):
+            appends[key % n](bid)
+
+
+def _take_blocks(kv, count: int) -> list[int]:
+    """The free queue's next ``count`` blocks, taken (``KVCacheManager.grow_one``'s
+    allocation, ``count`` times): never-used ones first, cached ones evicted."""
+    free, ref = kv.free, kv.ref
+    lo = free.next_fresh
+    fresh = free.end - lo
+    if fresh >= count:
+        free.next_fresh = lo + count
+        ref[lo:lo + count] = [1] * count
+        return list(range(lo, lo + count))
+    free.next_fresh = free.end
+    ref[lo:free.end] = [1] * fresh
+    recycled = free.recycled
+    if len(recycled) < count - fresh:
+        raise RuntimeError("event leap: a planned block allocation failed")
+    popitem = recycled.popitem
+    taken = [popitem(False)[0] for _ in range(count - fresh)]
+    block_hash = kv.block_hash
+    for bid in taken:
+        ref[bid] = 1
+        if block_hash[bid] is not None:
+            kv._evict(bid)
+    return list(range(lo, free.end)) + taken if fresh else taken
+
+
+def _count_private(sch: Scheduler, plan: LeapPlan, deferred: list[int], steps: int,
+                   done: int) -> None:
+    """Set the cached block count of requests whose blocks to fill are private to what
+    the stretch's last fill gives: step j caches min(c0 + j + 1, known) tokens (known:
+    input + o0 + j), the most at its last step (a completion caches no more than the
+    step before it: ``_candidates``). Requests finishing in it are freed already."""
+    bs = sch.kv.block_size
+    running = sch.running
+    drops = plan.drops
+    computed0, output0 = plan.computed0, plan.output0
+    for i in deferred:
+        if drops is not None and drops[i] < done:
+            continue
+        r = running[i]
+        m = computed0[i] + steps
+        known = r.input_len + output0[i] + steps - 1
+        full = (m if m < known else known) // bs
+        if full > (r.cached_hashes or 0):
+            r.cached_hashes = full
+
+
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
     steps from ``plan.firsts``, while it is in the batch); a block fills when the tokens
     to cache cross a multiple of the block size, or at once when its cache lags at the
     start. (Async) a request dropped from step d has its last completion d + 1, after
-    which its blocks are freed (index n - 1); a completion k before that caches what its
-    step k - 1, scheduled before it, has cached already (c0 + k - 1 tokens, c0 = input +
-    output): only its scheduling phases and its last completion are candidates."""
-    bs = sch.kv.block_size
+    which its blocks are freed (phase 2d + 1, index n - 1); a completion k before that
+    caches what its step k - 1, scheduled before it, has cached already (c0 + k - 1
+    tokens, c0 = input + output): only its scheduling phases and its last completion are
+    candidates. A request whose blocks to fill are all private gets no fill phase: it is
+    among the deferred ones. Returns the phases (frees left out), the requests freed
+    after each completion (by d: at completion d + 1, in running order), the deferred
+    requests, and whether any fill phase is among the phases."""
+    kv = sch.kv
+    bs = kv.block_size
     period = 2 * bs * n
     sched_end = 2 * (steps - 1) * n + n  # keys of phases up to 2 (steps - 1)
     drops = plan.drops
-    ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
+    running = sch.running
+    fills: list[int] = []
+    deferred: list[int] = []
+    if kv.enable_prefix_caching:
+        if kv.defers_private():
+            get = kv.private.get
+            fills = [i for i, r in enumerate(running)
+                     if (r.cached_hashes or 0) < get(r.rid, NONE_PRIVATE)]
+            if fills:
+                fill_set = set(fills)
+                deferred = [i for i in range(n - 1) if i not in fill_set]
+            else:
+                deferred = list(range(n - 1))
+        else:
+            fills = list(range(n - 1))
+        if drops is not None and plan.leaving:  # (in no step)
+            fills = [i for i in fills if drops[i]]
+            deferred = [i for i in deferred if drops[i]]
     keys: list[int] = []
     extend = keys.extend
-    caching = sch.kv.enable_prefix_caching
-    if drops is not None:
+    frees: dict[int, list[int]] = {}
+    firsts = plan.firsts
+    exact = False
+    if drops is not None and (plan.leaving or (plan.bounds and plan.bounds[0] < done)):
+        ends = [sched_end] * (n - 1)  # per request: the keys past its last scheduling phase
+        fill_set = set(fills)
         for i in finishing(plan, done):  # finishes at completion d + 1 <= done
             d = drops[i]
             ends[i] = min(sched_end, 2 * (d - 1) * n + n)
-            keys.append((2 * d + 1) * n + n - 1)
-            if caching:
+            frees.setdefault(d, []).append(i)
+            if i in fill_set:
                 keys.append((2 * d + 1) * n + i)
-    for i, f in enumerate(plan.firsts):
-        if f < steps:
-            extend(range(2 * f * n + i, ends[i], period))
-    if not caching:
-        return keys
-    for i, r in enumerate(sch.running):
-        if drops is not None and drops[i] == 0:
-            continue
-        c0 = plan.computed0[i]
-        cached = r.cached_hashes or 0
+                exact = True
+        for i, f in enumerate(firsts):
+            if f < steps:
+                extend(range(2 * f * n + i, ends[i], period))
+    else:
+        ends = None
+        for i, f in enumerate(firsts):
+            if f < steps:
+                extend(range(2 * f * n + i, sched_end, period))
+    computed0, output0 = plan.computed0, plan.output0
+    for i in fills:
+        r = running[i]
         # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
-        base = min(c0 + 1, r.input_len + plan.output0[i])
-        j = (cached + 1) * bs - base
+        base = min(computed0[i] + 1, r.input_len + output0[i])
+        j = ((r.cached_hashes or 0) + 1) * bs - base
         if j < steps:
             if j <= 0:
                 keys.append(i)
                 j = (-base) % bs or bs
-            extend(range(2 * j * n + i, ends[i], period))
-    return keys
+            extend(range(2 * j * n + i, ends[i] if ends else sched_end, period))
+            exact = True
+    return keys, frees, deferred, exact

@@ -69,6 +69,12 @@ def blocks_per_request(max_model_len: int, block_size: int) -> int:
     return -(-max_model_len // block_size)
 
 
+def effective_max_model_len(opts: SimOptions, model: ModelSpec) -> int:
+    """vLLM's max_model_len: ``--max-model-len`` where given, else the model's
+    max_position_embeddings (what vLLM derives from the model's config)."""
+    return int(getattr(opts, "max_model_len", 0) or model.max_position_embeddings)
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """One worker's memory accounting and the KV blocks it leaves (vLLM's numbers)."""

@@ -50,6 +50,20 @@ class Workload:
     def num_requests(self) -> int:
         return len(self.all_requests())
 
+    def longest_sequence(self, max_model_len: int | None = None) -> int:
+        """The most tokens (prompt + output) a request reaches when served with
+        ``max_model_len`` (None: no limit), as vLLM 0.19 serves it: a prompt of
+        max_model_len tokens or more is refused (``_validate_prompt_len``: it leaves no
+        room for one output token), and generation stops when a sequence reaches
+        max_model_len (``check_stop``). 0 when every prompt is refused.
+
+        Serving with ``--max-model-len`` equal to this refuses and cuts exactly the
+        requests ``max_model_len`` does (none, with None): every prompt served counts at
+        least one token more than its prompt, so no prompt served reaches it."""
+        cap = max_model_len if max_model_len is not None else 2 * MAX_LEN + 1
+        return max((min(max(r.input_len + r.output_len, r.input_len + 1), cap)
+                    for r in self.all_requests() if r.input_len < cap), default=0)
+
 
 _MAX_INT = 2**63 - 1
 #: a prompt or output length: vLLM's max_model_len is an int32 (a longer request would
