@@ -506,10 +506,10 @@ class _Run:
         # before it (a short decode step cannot overtake a long prefill chunk).
         self.last_out = [0] * n_units
         self.leap_unit = [self._leapable(u) for u in range(n_units)]
-        #: units whose step is one instance's plain iteration (no MoE wave, no PIM)
-        self.plain_unit = [len(m) == 1 and self.instances[m[0]].pim is None and not (
-            self.instances[m[0]].model.is_moe and self.instances[m[0]].config.ep_size > 1)
-            for m in units]
+        #: units whose step is a plain iteration of their lead instance (not an MoE wave,
+        #: no attention on PIM)
+        self.plain_unit = [not self._moe_wave(m) and self.instances[m[0]].pim is None
+                           for m in units]
         #: with one unit, a wake-up at the time a step is scheduled is needed only when
         #: the unit may schedule again then (with more units, another may act at it)
         self.lone_unit = n_units == 1
@@ -700,19 +700,22 @@ class _Run:
             # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
             batch = payload[0][1]
             dur = self.backend.iteration_ns(lead, batch.shape, batch.tier_load_bytes)
-        elif lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
+        elif self._moe_wave(members):
             by_idx = dict(payload)
             shapes = [by_idx[i].shape if i in by_idx else None for i in members]
             dur = self.sim._moe_wave_ns([instances[i] for i in members], shapes, self.gate)
             dur += _tier_loads_ns(instances, payload)
-        elif lead.pim is not None:
+        else:  # attention on PIM
             dur = pim_iteration_ns(self.backend, lead, payload[0][1].shape,
                                    lead.opts.enable_sub_batch_interleaving)
             dur += _tier_loads_ns(instances, payload)
-        else:
-            batch = payload[0][1]
-            dur = self.backend.iteration_ns(lead, batch.shape, batch.tier_load_bytes)
         return dur if dur > 1 else 1
+
+    def _moe_wave(self, members: list[int]) -> bool:
+        """Whether the unit steps as an expert-parallel wave: a DP group serving an MoE
+        model, or one instance with ep > 1."""
+        lead = self.instances[members[0]]
+        return lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1)
 
     def _launch(self, unit: int, members: list[int], payload: list, dur: int) -> None:
         """Put a timed step in flight: async units chain it after the step running,
