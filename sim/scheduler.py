@@ -121,6 +121,7 @@ class Step:
         return n
 
     def batch(self, tier_bytes: int) -> Batch:
+        """The scheduled step, with ``tier_bytes`` of prefix hits to load first."""
         decode_kv = self.decode_kv
         n_dec = len(decode_kv)
         prefill_tokens = self.prefill_tokens
