@@ -15,6 +15,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from operator import lt
 
 from astrasim import GraphBuilder
 
@@ -506,6 +507,13 @@ class _Run:
         # before it (a short decode step cannot overtake a long prefill chunk).
         self.last_out = [0] * n_units
         self.leap_unit = [self._leapable(u) for u in range(n_units)]
+        #: units whose step is a plain iteration of their lead instance (not an MoE wave,
+        #: no attention on PIM)
+        self.plain_unit = [not self._moe_wave(m) and self.instances[m[0]].pim is None
+                           for m in units]
+        #: with one unit, a wake-up at the time a step is scheduled is needed only when
+        #: the unit may schedule again then (with more units, another may act at it)
+        self.lone_unit = n_units == 1
         #: per instance, the last leap's last step time (sizes the next leap's first chunk)
         self.last_step_ns = [0] * len(self.instances)
 
@@ -539,7 +547,7 @@ class _Run:
         in_flight, pending = self.in_flight, self.pending
         t_next = in_flight[0][0] if in_flight else None
         if pending and (t_next is None or pending[0][0] < t_next) and any(
-                c < d for c, d in zip(self.inflight_count, self.depth)):
+                map(lt, self.inflight_count, self.depth)):
             t_next = pending[0][0]
         if t_next is None:
             raise RuntimeError("simulation stalled: requests remain but nothing can run")
@@ -648,55 +656,67 @@ class _Run:
         """Idle units schedule their next batch (every member of a DP group at once)."""
         now = self.now
         inflight_count, depth, free_at = self.inflight_count, self.depth, self.free_at
+        async_unit, may_chain, leap_unit = self.async_unit, self.may_chain, self.leap_unit
         for unit, members in enumerate(self.units):
-            if inflight_count[unit] >= depth[unit] or free_at[unit] > now:
+            busy = inflight_count[unit]
+            if busy >= depth[unit] or free_at[unit] > now:
                 continue
-            if self.async_unit[unit] and inflight_count[unit] and not self.may_chain[unit]:
+            if busy and async_unit[unit] and not may_chain[unit]:
                 continue
-            if self.leap_unit[unit] and self._try_leap(unit):
+            if leap_unit[unit] and self._try_leap(unit):
                 continue
-            self.may_chain[unit] = False
+            may_chain[unit] = False
             payload = []
             for idx in members:
-                inst = self.instances[idx]
-                batch = inst.scheduler.schedule(now)
-                while batch is None and inst.scheduler.preempted_last and not inflight_count[unit]:
-                    # Its preemptions left the step empty (the request being scheduled
-                    # was itself the lowest priority victim). vLLM's engine executes the
-                    # empty step at once and schedules again with the freed blocks; with
-                    # a step in flight it waits for that step instead (its completion
-                    # wakes this unit).
-                    batch = inst.scheduler.schedule(now)
-                if inst.scheduler.admitted_transfers:
-                    self._start_transfers(idx, inst)
+                batch = self._schedule_instance(idx, now, busy)
                 if batch is not None:
                     payload.append((idx, batch))
-                elif (inst.scheduler.waiting and not inst.scheduler.running
-                      and inflight_count[unit] == 0 and not inst.scheduler.held_handoffs
-                      and not inst.scheduler.receiving):
-                    _raise_unschedulable(inst)
             if payload:
-                self._launch(unit, members, payload, self._step_ns(members, payload))
+                self._launch(unit, members, payload, self._step_ns(unit, members, payload))
 
-    def _step_ns(self, members: list[int], payload: list) -> int:
+    def _schedule_instance(self, idx: int, now: int, busy: int):
+        """One instance's next batch (None: nothing to run); ``busy``: its unit's steps in
+        flight."""
+        sch = self.schedulers[idx]
+        batch = sch.schedule(now)
+        while batch is None and sch.preempted_last and not busy:
+            # Its preemptions left the step empty (the request being scheduled was itself
+            # the lowest priority victim). vLLM's engine executes the empty step at once
+            # and schedules again with the freed blocks; with a step in flight it waits
+            # for that step instead (its completion wakes this unit).
+            batch = sch.schedule(now)
+        if sch.admitted_transfers:
+            self._start_transfers(idx, self.instances[idx])
+        if (batch is None and sch.waiting and not sch.running and not busy
+                and not sch.held_handoffs and not sch.receiving):
+            _raise_unschedulable(self.instances[idx])
+        return batch
+
+    def _step_ns(self, unit: int, members: list[int], payload: list) -> int:
         """The step's time, by unit kind: an MoE wave of a DP group (or ep > 1), an
         iteration with attention on PIM, or a plain iteration through the backend."""
         instances = self.instances
         lead = instances[members[0]]
-        if lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1):
+        if self.plain_unit[unit]:
+            # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
+            batch = payload[0][1]
+            dur = self.backend.iteration_ns(lead, batch.shape, batch.tier_load_bytes)
+        elif self._moe_wave(members):
             by_idx = dict(payload)
             shapes = [by_idx[i].shape if i in by_idx else None for i in members]
             dur = self.sim._moe_wave_ns([instances[i] for i in members], shapes, self.gate)
             dur += _tier_loads_ns(instances, payload)
-        elif lead.pim is not None:
+        else:  # attention on PIM
             dur = pim_iteration_ns(self.backend, lead, payload[0][1].shape,
                                    lead.opts.enable_sub_batch_interleaving)
             dur += _tier_loads_ns(instances, payload)
-        else:
-            # Lower-tier prefix hits are loaded (a MEM_LOAD node) before the step.
-            dur = self.backend.iteration_ns(lead, payload[0][1].shape,
-                                            payload[0][1].tier_load_bytes)
-        return max(1, dur)
+        return dur if dur > 1 else 1
+
+    def _moe_wave(self, members: list[int]) -> bool:
+        """Whether the unit steps as an expert-parallel wave: a DP group serving an MoE
+        model, or one instance with ep > 1."""
+        lead = self.instances[members[0]]
+        return lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1)
 
     def _launch(self, unit: int, members: list[int], payload: list, dur: int) -> None:
         """Put a timed step in flight: async units chain it after the step running,
@@ -708,7 +728,8 @@ class _Run:
             start = self.busy_until[unit] if self.busy_until[unit] > now else now
             self.busy_until[unit] = start + dur
             self.may_chain[unit] = True  # vLLM schedules the next step right away
-            self._push(now, unit, None)
+            if not self.lone_unit or self.inflight_count[unit] + 1 < self.depth[unit]:
+                self._push(now, unit, None)
         end = start + dur
         if pipelined:
             out = self.last_out[unit] + max(1, dur // self.depth[unit])

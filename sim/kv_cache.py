@@ -238,7 +238,9 @@ class KVCacheManager:
         return self.num_blocks - len(self.free)
 
     def usage(self) -> float:
-        return self.num_used / self.num_blocks
+        free = self.free  # (its length, read without the calls: once per step)
+        num_free = free.end - free.next_fresh + len(free.recycled)
+        return (self.num_blocks - num_free) / self.num_blocks
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -373,10 +375,11 @@ class KVCacheManager:
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
                   num_new: int) -> bool:
-        hit_free = sum(1 for b in hit_blocks if self.ref[b] == 0)
+        ref, free = self.ref, self.free
+        hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
         tokens = req.num_tokens if reserve_full else len(hit_blocks) * self.block_size + num_new
-        need = self.blocks_for(tokens) - len(hit_blocks)
-        return need <= len(self.free) - hit_free
+        need = -(-tokens // self.block_size) - len(hit_blocks)  # (blocks_for(tokens) - hit)
+        return need <= free.end - free.next_fresh + len(free.recycled) - hit_free
 
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
@@ -390,7 +393,7 @@ class KVCacheManager:
             need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
             if need < 0:
                 need = 0
-            if need + hit_free > len(free):
+            if need + hit_free > free.end - free.next_fresh + len(free.recycled):  # (len(free))
                 return False
             for b in hit_blocks:
                 if ref[b] == 0:
@@ -400,11 +403,9 @@ class KVCacheManager:
             req.cached_hashes = len(hit_blocks)
         else:
             need = -(-(computed + num_new) // bs) - len(req.block_ids)
-            if need > len(free):
+            if need > free.end - free.next_fresh + len(free.recycled):  # (len(free))
                 return False
         if need > 0:
-            block_hash = self.block_hash
-            append = req.block_ids.append
             fresh = free.end - free.next_fresh
             if fresh:
                 # never-used blocks first: nothing cached in them to evict
@@ -414,9 +415,10 @@ class KVCacheManager:
                 ref[lo:lo + take] = [1] * take
                 req.block_ids.extend(range(lo, lo + take))
                 need -= take
-            popitem = free.recycled.popitem
+            popitem, block_hash = free.recycled.popitem, self.block_hash
+            append = req.block_ids.append
             for _ in range(need):
-                bid, _ = popitem(last=False)
+                bid = popitem(False)[0]  # the least recently freed
                 if block_hash[bid] is not None:
                     self._evict(bid)
                 ref[bid] = 1

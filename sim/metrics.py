@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -32,27 +33,29 @@ TIMESERIES_COLUMNS = ("t_s", "prompt_tps", "gen_tps", "running", "waiting", "kv_
 PERCENTILES = (50, 90, 95, 99)
 
 
+def _sum_loop(values, start: float) -> float:
+    """``start`` plus each of ``values`` in turn, rounded after each addition."""
+    for x in values:
+        start += x
+    return start
+
+
+#: ``_sum_loop``, done by builtin ``sum`` where it adds floats one by one in order (before
+#: Python 3.12, which compensates the rounding: other bits than numpy's)
+_sum_in_order = sum if sys.version_info < (3, 12) else _sum_loop
+
+
 def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
     """Sum of ``a[lo:lo + n]`` added in numpy's order (its pairwise summation of float64:
     blocks of at most 128 summed in 8 interleaved lanes), so that it is bit for bit
     ``np.add.reduce``'s result."""
     if n < 8:
-        res = 0.0
-        for x in a[lo:lo + n]:
-            res += x
-        return res
+        return _sum_in_order(a[lo:lo + n], 0.0)
     if n <= 128:
         end = lo + n - n % 8
-        r = []
-        for j in range(8):
-            acc = a[lo + j]
-            for x in a[lo + j + 8:end:8]:
-                acc += x
-            r.append(acc)
+        r = [_sum_in_order(a[i + 8:end:8], a[i]) for i in range(lo, lo + 8)]
         res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        for x in a[end:lo + n]:
-            res += x
-        return res
+        return _sum_in_order(a[end:lo + n], res)
     n2 = n // 2
     n2 -= n2 % 8
     return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)

@@ -36,6 +36,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from operator import mul
 from typing import TYPE_CHECKING
 
 from sim.kv_cache import KVCacheManager
@@ -58,6 +59,82 @@ class Batch:
     tier_load_bytes: int = 0
     #: per request: this step reaches the end of its sequence and samples a token
     samples: list[bool] | None = None
+
+
+class Step:
+    """The step being scheduled. Each request's progress is applied as it joins (vLLM's
+    ``_update_after_schedule``: ``num_computed`` advances now; a step that reaches the end
+    of the sequence samples a token, with async scheduling a placeholder until it
+    completes), and the step's shape is summed up as it goes."""
+
+    __slots__ = ("async_", "decode_kv", "news", "prefill_kv", "prefill_tokens", "prefill_work",
+                 "reqs", "samples")
+
+    def __init__(self, async_: bool) -> None:
+        self.async_ = async_
+        self.reqs: list[Request] = []
+        self.news: list[int] = []
+        #: per request: this step reaches the end of its sequence and samples a token
+        self.samples: list[bool] = []
+        #: the KV length each decode reads (in cache when the step runs)
+        self.decode_kv: list[int] = []
+        self.prefill_tokens = self.prefill_kv = self.prefill_work = 0
+
+    def add(self, req: Request, n: int) -> None:
+        """``req`` computes ``n`` new tokens in this step (``Scheduler._schedule_running``
+        has this inline)."""
+        k = req.num_computed  # tokens already in cache when the step runs
+        n_in = req.input_len
+        req.num_computed = k + n
+        sample = k + n >= n_in + req.num_output + req.num_placeholders
+        if sample and self.async_:
+            req.num_placeholders += 1
+        self.reqs.append(req)
+        self.news.append(n)
+        self.samples.append(sample)
+        if n == 1 and k >= n_in:
+            self.decode_kv.append(k)
+        else:
+            self.add_prefill(k, n)
+
+    def add_prefill(self, k: int, n: int) -> None:
+        """A prefill chunk of ``n`` tokens over ``k`` cached ones joins the shape."""
+        self.prefill_tokens += n
+        self.prefill_kv += k
+        self.prefill_work += n * (2 * k + n)  # varlen attention: per request
+
+    def drop(self, j: int) -> int:
+        """Take the ``j``-th request back out of the step, its progress undone (a victim of
+        a preemption after it joined); returns its new tokens."""
+        req = self.reqs.pop(j)
+        n = self.news.pop(j)
+        k = req.num_computed - n
+        req.num_computed = k
+        if self.samples.pop(j) and self.async_:
+            req.num_placeholders -= 1
+        if n == 1 and k >= req.input_len:
+            self.decode_kv.remove(k)
+        else:
+            self.prefill_tokens -= n
+            self.prefill_kv -= k
+            self.prefill_work -= n * (2 * k + n)
+        return n
+
+    def batch(self, tier_bytes: int) -> Batch:
+        """The scheduled step, with ``tier_bytes`` of prefix hits to load first."""
+        decode_kv = self.decode_kv
+        n_dec = len(decode_kv)
+        prefill_tokens = self.prefill_tokens
+        if n_dec:
+            kv_sum, kv_max, kv_min = sum(decode_kv), max(decode_kv), min(decode_kv)
+            kv_sq = sum(map(mul, decode_kv, decode_kv))
+        else:
+            kv_sum = kv_max = kv_min = kv_sq = 0
+        shape = BatchShape(prefill_tokens + n_dec, len(self.reqs), prefill_tokens,
+                           self.prefill_kv, n_dec, kv_sum, kv_max, kv_min, self.prefill_work,
+                           kv_sq)
+        return Batch(self.reqs, self.news, shape, prefill_tokens, n_dec, tier_bytes,
+                     self.samples)
 
 
 class PriorityQueue:
@@ -159,8 +236,7 @@ class Scheduler:
         running.remove(victim)
         return victim
 
-    def _schedule_running(self, now: int, reqs: list[Request], news: list[int],
-                          budget: int) -> tuple[int, bool]:
+    def _schedule_running(self, step: Step, budget: int) -> tuple[int, bool]:
         """Step 1 (running requests); returns (budget left, whether anything was preempted)."""
         threshold = self.threshold
         kv = self.kv
@@ -168,61 +244,77 @@ class Scheduler:
         cap = self.max_model_len - 1
         bs = kv.block_size
         caching = kv.enable_prefix_caching
+        async_ = self.async_scheduling
         # A PD prefill instance serves each request with max_tokens=1 (vLLM's proxy).
         one_token = self.role == "prefill"
+        add_req, add_new = step.reqs.append, step.news.append
+        add_sample, add_decode_kv = step.samples.append, step.decode_kv.append
         preempted = False
-        i = 0
+        i = 0  # the index in ``running`` of the request after the one being scheduled
         while i < len(running) and budget > 0:
             req = running[i]
+            i += 1
+            k = req.num_computed
             ph = req.num_placeholders
-            if ph and req.num_computed + 2 - ph >= req.input_len + (
-                    1 if one_token else req.output_len):
-                # (async) Its step in flight is its last.
-                i += 1
-                continue
-            known = req.input_len + req.num_output
-            n = known + ph - req.num_computed
+            n_in = req.input_len
+            if ph and k + 2 - ph >= n_in + (1 if one_token else req.output_len):
+                continue  # (async) Its step in flight is its last.
+            known = n_in + req.num_output
+            n = known + ph - k
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
                 n = budget
-            if n > cap - req.num_computed:
-                n = cap - req.num_computed
+            if n > cap - k:
+                n = cap - k
             if n <= 0:
-                i += 1
                 continue
-            nc = req.num_computed + n
+            nc = k + n
             if nc <= len(req.block_ids) * bs and (not caching or (
                     nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
-                # Fast path (most decodes): its blocks have room and nothing new to cache.
-                reqs.append(req)
-                news.append(n)
-                budget -= n
-                i += 1
-                continue
-            while not kv.allocate(req, n):
-                victim = self._pick_victim()
-                if victim in reqs:
-                    # (priority policy) a request scheduled earlier in this step: undo it.
-                    k = reqs.index(victim)
-                    budget += news[k]
-                    del reqs[k], news[k]
-                    i -= 1
-                self._preempt(victim)
+                pass  # Fast path (most decodes): its blocks have room and nothing to cache.
+            elif not kv.allocate(req, n):
+                allocated, refund, undone = self._preempt_for(req, n, step)
                 preempted = True
-                if victim is req:
+                budget += refund
+                i -= undone
+                if not allocated:
                     break
+            # step.add(req, n), inline
+            req.num_computed = nc
+            if nc >= known + ph:
+                add_sample(True)
+                if async_:
+                    req.num_placeholders = ph + 1
             else:
-                reqs.append(req)
-                news.append(n)
-                budget -= n
-                i += 1
-                continue
-            break
+                add_sample(False)
+            if n == 1 and k >= n_in:
+                add_decode_kv(k)
+            else:
+                step.add_prefill(k, n)
+            add_req(req)
+            add_new(n)
+            budget -= n
         return budget, preempted
 
-    def _schedule_waiting(self, now: int, reqs: list[Request], news: list[int],
-                          budget: int) -> int:
+    def _preempt_for(self, req: Request, n: int, step: Step) -> tuple[bool, int, int]:
+        """Preempt running requests (the scheduling policy's victims) until ``req`` gets
+        blocks for ``n`` more tokens, or is the victim itself. Returns whether it got them,
+        the budget given back by victims scheduled earlier in this step (priority policy:
+        their step is undone), and how many of those there were."""
+        refund = undone = 0
+        while True:
+            victim = self._pick_victim()
+            if victim in step.reqs:
+                refund += step.drop(step.reqs.index(victim))
+                undone += 1
+            self._preempt(victim)
+            if victim is req:
+                return False, refund, undone
+            if self.kv.allocate(req, n):
+                return True, refund, undone
+
+    def _schedule_waiting(self, now: int, step: Step, budget: int) -> int:
         """Step 2 (admission); returns the tier bytes loaded."""
         threshold = self.threshold
         kv = self.kv
@@ -231,7 +323,7 @@ class Scheduler:
         tier_bytes = 0
         bs = kv.block_size
         if self.receiving:
-            budget = self._promote_received(now, reqs, news, budget)
+            budget = self._promote_received(now, step, budget)
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
             if req.remote_kv:
@@ -247,13 +339,13 @@ class Scheduler:
                     # vLLM's prefix-cache hit rate: every lookup of a request never
                     # preempted, also one whose admission then fails.
                     kv.hit_tokens += len(hit) * bs + lower * bs
-                    kv.queried_tokens += req.num_tokens
+                    kv.queried_tokens += req.input_len + req.num_output
             else:
                 hit, lower = [], 0
             hit_tokens = len(hit) * bs
             lower_tokens = lower * bs
             computed = req.num_computed + hit_tokens + lower_tokens
-            n = req.num_tokens - computed
+            n = req.input_len + req.num_output - computed  # (num_tokens - computed)
             if threshold and n > threshold:
                 n = threshold
             if not self.chunked and n > budget:
@@ -274,12 +366,11 @@ class Scheduler:
                 req.first_scheduled_ns = now
                 req.prefix_hit = hit_tokens + lower_tokens
                 req.lower_hit = lower_tokens
-            self._start_running(req, n, reqs, news)
+            self._start_running(req, n, step)
             budget -= n
         return tier_bytes
 
-    def _promote_received(self, now: int, reqs: list[Request], news: list[int],
-                          budget: int) -> int:
+    def _promote_received(self, now: int, step: Step, budget: int) -> int:
         """PD decode side: requests whose KV has landed run their first step (vLLM's
         WAITING_FOR_REMOTE_KVS requests, taken before the waiting queue)."""
         running = self.running
@@ -292,17 +383,15 @@ class Scheduler:
             if not self.kv.allocate(req, n):
                 break
             self.receiving.remove(req)
-            self._start_running(req, n, reqs, news)
+            self._start_running(req, n, step)
             budget -= n
         return budget
 
-    def _start_running(self, req: Request, n: int, reqs: list[Request],
-                       news: list[int]) -> None:
+    def _start_running(self, req: Request, n: int, step: Step) -> None:
         """``req`` joins the running set and this step's batch with ``n`` new tokens."""
         req.status = RUNNING
         self.running.append(req)
-        reqs.append(req)
-        news.append(n)
+        step.add(req, n)
 
     def _admit_remote(self, req: Request) -> bool:
         """Admit a request whose prompt KV arrives from a prefill instance: blocks for the
@@ -329,64 +418,37 @@ class Scheduler:
             for r in self.unread:
                 r.queued_ns = now
             self.unread.clear()
-        reqs: list[Request] = []
-        news: list[int] = []
+        step = Step(self.async_scheduling)
         if self.preempted_last:
             self.preempted_last = []
-        budget, preempted = self._schedule_running(now, reqs, news, self.budget)
-        tier_bytes = self._schedule_waiting(now, reqs, news, budget) if not preempted else 0
-        if not reqs:
+        budget, preempted = self._schedule_running(step, self.budget)
+        tier_bytes = 0
+        if not preempted and (self.waiting or self.receiving):
+            tier_bytes = self._schedule_waiting(now, step, budget)
+        if not step.reqs:
             return None
-        return self._make_batch(reqs, news, self.async_scheduling, tier_bytes)
-
-    @staticmethod
-    def _make_batch(reqs: list[Request], news: list[int], async_: bool,
-                    tier_bytes: int) -> Batch:
-        """vLLM's _update_after_schedule (progress advances now; a step that reaches the
-        end of the sequence samples a token, async: a placeholder until it completes) and
-        the step's shape, in one pass."""
-        samples = []
-        prefill_tokens = prefill_kv = n_dec = kv_sum = kv_sq = pwork = 0
-        kv_max = 0
-        kv_min = 1 << 62
-        for req, n in zip(reqs, news):
-            k = req.num_computed  # tokens already in cache when the step runs
-            req.num_computed = k + n
-            s = k + n >= req.input_len + req.num_output + req.num_placeholders
-            samples.append(s)
-            if s and async_:
-                req.num_placeholders += 1
-            if n == 1 and k >= req.input_len:
-                n_dec += 1
-                kv_sum += k
-                kv_sq += k * k
-                if k > kv_max:
-                    kv_max = k
-                if k < kv_min:
-                    kv_min = k
-            else:
-                prefill_tokens += n
-                prefill_kv += k
-                pwork += n * (2 * k + n)  # varlen attention: per request
-        total = prefill_tokens + n_dec
-        shape = BatchShape(total, len(reqs), prefill_tokens, prefill_kv, n_dec, kv_sum, kv_max,
-                           kv_min if n_dec else 0, pwork, kv_sq)
-        return Batch(reqs, news, shape, prefill_tokens, n_dec, tier_bytes, samples)
+        return step.batch(tier_bytes)
 
     def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
+        last_gap = gap_values[-1] if gap_values else None
         finished: list[Request] = []
         stopped_waiting: list[Request] = []
         kv = self.kv
         async_ = self.async_scheduling
+        # (async) a running request's blocks are cached as its sampled tokens land
+        caching = async_ and kv.enable_prefix_caching
+        bs = kv.block_size
         max_len = self.max_model_len
         prefill_role = self.role == "prefill"
         for req, s in zip(batch.requests, batch.samples):
-            if not s or req.status == FINISHED:
+            if not s:
                 continue
-            was_running = req.status == RUNNING
-            if prefill_role and was_running:
+            status = req.status
+            if status == FINISHED:
+                continue
+            if prefill_role and status == RUNNING:
                 # Prefill done. As in vLLM's disaggregated serving, the prefill instance's
                 # sampled token is not the client's: the request moves to a decode
                 # instance, whose first step samples the first token.
@@ -395,48 +457,58 @@ class Scheduler:
                 req.status = WAITING
                 self.handoffs.append(req)
                 continue
-            if req.num_output == 0:
+            out = req.num_output
+            if out == 0:
                 req.first_token_ns = now
             else:
                 gap = now - req.last_token_ns
-                if gap_values and gap_values[-1] == gap:
+                if gap == last_gap:
                     gap_counts[-1] += 1
                 else:
                     gap_values.append(gap)
                     gap_counts.append(1)
+                    last_gap = gap
                 if gap > req.itl_max_ns:
                     req.itl_max_ns = gap
             req.last_token_ns = now
-            req.num_output += 1
+            out += 1
+            req.num_output = out
             if async_:
-                req.num_placeholders -= 1
-                if was_running and kv.enable_prefix_caching:
-                    n = req.num_computed - req.num_placeholders
-                    if n // kv.block_size > (req.cached_hashes or 0):
+                ph = req.num_placeholders - 1
+                req.num_placeholders = ph
+                if caching and status == RUNNING:
+                    n = req.num_computed - ph
+                    if n // bs > (req.cached_hashes or 0):
                         kv.cache_blocks(req, n)
-            if req.num_output >= req.output_len or req.input_len + req.num_output >= max_len:
+            if out >= req.output_len or req.input_len + out >= max_len:
                 req.status = FINISHED
                 req.finish_ns = now
                 finished.append(req)
-                if not was_running:
+                if status != RUNNING:
                     stopped_waiting.append(req)
-        leaving = finished + self.handoffs if self.handoffs else finished
-        if leaving:
-            done = {id(r) for r in leaving}
-            self.running = [r for r in self.running if id(r) not in done]
-            for r in stopped_waiting:
-                self.waiting.remove(r)
-            for r in finished:
-                kv.free_request(r)
-            for r in self.handoffs:
-                # The prefill side keeps the blocks until the decode side has read them
-                # (vLLM's connector delays the free): the engine calls release_handoff.
-                self.held_handoffs += 1
-                r.handoff_blocks = r.block_ids
-                r.block_ids = []
-                r.cached_hashes = None
-                r.num_computed = 0  # the decode side starts from its own cache
+        if finished or self.handoffs:
+            self._retire(finished, stopped_waiting)
         return finished
+
+    def _retire(self, finished: list[Request], stopped_waiting: list[Request]) -> None:
+        """Finished requests leave (their blocks freed), and so do handed-off prefills
+        (their blocks held until the decode side has read them)."""
+        kv = self.kv
+        leaving = finished + self.handoffs if self.handoffs else finished
+        done = {id(r) for r in leaving}
+        self.running = [r for r in self.running if id(r) not in done]
+        for r in stopped_waiting:
+            self.waiting.remove(r)
+        for r in finished:
+            kv.free_request(r)
+        for r in self.handoffs:
+            # The prefill side keeps the blocks until the decode side has read them
+            # (vLLM's connector delays the free): the engine calls release_handoff.
+            self.held_handoffs += 1
+            r.handoff_blocks = r.block_ids
+            r.block_ids = []
+            r.cached_hashes = None
+            r.num_computed = 0  # the decode side starts from its own cache
 
     def release_handoff(self, blocks: list[int]) -> None:
         """Free a handed-off request's prefill-side blocks once its KV has been read."""

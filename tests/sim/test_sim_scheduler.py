@@ -287,3 +287,49 @@ def test_prompt_over_budget_without_chunking_names_the_budget(bundle_root):
     with pytest.raises(sim.InputError, match="max_num_batched_tokens|chunked"):
         sim.simulate(make_cluster(100), w,
                      opts_for(bundle_root, max_num_batched_tokens=32, enable_chunked_prefill=False))
+
+
+# ----------------------------------------------------------------- the step being built
+def _joined(step, reqs_news):
+    for r, n in reqs_news:
+        step.add(r, n)
+    return step
+
+
+def _progress(reqs):
+    return [(r.num_computed, r.num_placeholders) for r in reqs]
+
+
+@pytest.mark.parametrize("async_", [False, True])
+@pytest.mark.parametrize("dropped", [0, 1, 2, 3])
+def test_a_request_dropped_from_a_step_leaves_it_as_if_it_never_joined(async_, dropped):
+    """A priority victim taken back out of the step being built (Step.drop) has its
+    progress undone and leaves the step's shape and samples as they would be without it:
+    a decode, a prefill chunk, the prompt's last chunk, or a repeated KV length."""
+    from sim.scheduler import Step
+
+    def fresh():
+        dec = req(0, 40, 9)
+        dec.num_output, dec.num_computed = 3, 42 + async_
+        dec.num_placeholders = int(async_)
+        chunk = req(1, 300, 5)
+        chunk.num_computed = 64
+        last = req(2, 100, 5)
+        last.num_computed = 96
+        twin = req(3, 40, 9)
+        twin.num_output, twin.num_computed = 3, 42 + async_
+        twin.num_placeholders = int(async_)
+        return [(dec, 1), (chunk, 128), (last, 4), (twin, 1)]
+
+    everyone = fresh()
+    before = _progress([r for r, _ in everyone])
+    step = _joined(Step(async_), everyone)
+    assert step.drop(dropped) == everyone[dropped][1]
+    assert _progress([everyone[dropped][0]]) == [before[dropped]]
+    others = fresh()
+    del others[dropped]
+    want = _joined(Step(async_), others).batch(7)
+    got = step.batch(7)
+    assert got.shape == want.shape and got.samples == want.samples
+    assert [r.rid for r in got.requests] == [r.rid for r in want.requests]
+    assert got.num_new == want.num_new and got.tier_load_bytes == 7
