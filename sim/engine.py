@@ -878,7 +878,6 @@ class _Run:
                 chunk_ns = stretch.durations
                 if min(chunk_ns) < 1:
                     chunk_ns = [d if d > 1 else 1 for d in chunk_ns]
-                chunk *= 2
             if extra:
                 durations.append(chunk_ns[0])
                 if stretch is not None:
@@ -901,6 +900,8 @@ class _Run:
                 j += n
                 if stretch is not None:
                     stretch.record(n)
+                    # (steps get no shorter as the KV grows: those left before the horizon)
+                    chunk = max(2, (horizon - t) // chunk_ns[-1] + 2)
                 continue
             durations += chunk_ns[:stop + 1]
             completions += ends[1:stop + 1]
