@@ -111,6 +111,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     if head_hit is False or _short_of_blocks(sch):
         return None
     running = sch.running
+    if head_hit is not None and in_flight is not None and _head_in_after_leaving(sch, head_hit):
+        return None
     general = may_finish and sch.async_scheduling and not sch.waiting
     counters = _steady_counters(sch, in_flight, general, step_cap)
     if counters is None:
@@ -205,6 +207,20 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
     if max_completions < 1 or min(firsts) < 0:
         return None
     return computed0, output0, firsts, drops, max_completions
+
+
+def _head_in_after_leaving(sch: Scheduler, hit: list[int]) -> bool:
+    """(Async, the waiting head tried at each step) Whether the head would be admitted at
+    step 1, once the requests whose step in flight is their last have left: the plan's
+    bound (``_bound_by_waiting_head``) with fewer free blocks (each request that stays
+    taking one in steps 0 and 1): no stretch, found without the plan's pass. (Only a
+    shortcut: a stretch refused is stepped, with the same results.)"""
+    leaving = [r for r in sch.running if r.output_len - r.num_output == 1]
+    if not leaving or sch.kv.block_size < 2:
+        return False
+    stay = len(sch.running) - len(leaving)
+    free = sch.kv.num_free + len(_freed_blocks(sch, leaving)) - stay
+    return _head_admissible(sch, sch.waiting[0], hit, free, sch.budget - stay)
 
 
 def _short_of_blocks(sch: Scheduler) -> bool:
