@@ -22,9 +22,13 @@ if TYPE_CHECKING:
     from sim.model import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(unsafe_hash=True, slots=True)
 class BatchShape:
     """What one iteration computes, in the coordinates the profiles are keyed on.
+
+    A value: hashed and compared by its fields, never changed once built (not declared
+    frozen: a frozen dataclass sets each field through ``object.__setattr__``, five times
+    the cost of building one, and one is built for every step simulated or leapt).
 
     ``num_tokens`` is every token computed this step (prefill chunk tokens plus one per
     decode); ``num_seqs`` the sequences that produce logits (lm_head/sampler rows).
