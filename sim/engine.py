@@ -859,8 +859,8 @@ class _Run:
             completions = [own_step[0]]
             t, limit = own_step[0], min(plan.max_steps, max_done)
         timer = getattr(self.backend, "decode_stretch", None) if limit >= 2 else None
-        # Timed in chunks; the first sized for the steps the last step's time lets fit
-        # before the horizon (any chunking gives the same durations).
+        # Timed in chunks, each sized for the steps that fit before the horizon at the
+        # last step's time, then at the chunk's last (any chunking gives the same values).
         last = self.last_step_ns[idx]
         chunk = max(2, (horizon - t) // last + 2) if last > 0 else 16
         durations: list[int] = []
@@ -902,8 +902,7 @@ class _Run:
                 j += n
                 if stretch is not None:
                     stretch.record(n)
-                    # (steps get no shorter as the KV grows: those left before the horizon)
-                    chunk = max(2, (horizon - t) // chunk_ns[-1] + 2)
+                    chunk = max(2, (horizon - t) // chunk_ns[-1] + 2)  # (steps seldom shrink)
                 continue
             durations += chunk_ns[:stop + 1]
             completions += ends[1:stop + 1]
