@@ -251,7 +251,8 @@ class Scheduler:
         add_sample, add_decode_kv = step.samples.append, step.decode_kv.append
         preempted = False
         i = 0  # the index in ``running`` of the request after the one being scheduled
-        while i < len(running) and budget > 0:
+        n_running = len(running)
+        while i < n_running and budget > 0:
             req = running[i]
             i += 1
             k = req.num_computed
@@ -278,6 +279,7 @@ class Scheduler:
                 preempted = True
                 budget += refund
                 i -= undone
+                n_running = len(running)
                 if not allocated:
                     break
             # step.add(req, n), inline
