@@ -231,7 +231,8 @@ class KVCacheManager:
     # -------------------------------------------------------------- accounting
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        free = self.free  # (len(free), without its call)
+        return free.end - free.next_fresh + len(free.recycled)
 
     @property
     def num_used(self) -> int:
