@@ -231,7 +231,8 @@ class KVCacheManager:
     # -------------------------------------------------------------- accounting
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        free = self.free  # (len(free), without its call)
+        return free.end - free.next_fresh + len(free.recycled)
 
     @property
     def num_used(self) -> int:
@@ -415,14 +416,21 @@ class KVCacheManager:
                 ref[lo:lo + take] = [1] * take
                 req.block_ids.extend(range(lo, lo + take))
                 need -= take
-            popitem, block_hash = free.recycled.popitem, self.block_hash
+            popitem = free.recycled.popitem
             append = req.block_ids.append
-            for _ in range(need):
-                bid = popitem(False)[0]  # the least recently freed
-                if block_hash[bid] is not None:
-                    self._evict(bid)
-                ref[bid] = 1
-                append(bid)
+            if self.first:
+                block_hash = self.block_hash
+                for _ in range(need):
+                    bid = popitem(False)[0]  # the least recently freed
+                    if block_hash[bid] is not None:
+                        self._evict(bid)
+                    ref[bid] = 1
+                    append(bid)
+            else:  # (an empty table: no block holds a hash)
+                for _ in range(need):
+                    bid = popitem(False)[0]
+                    ref[bid] = 1
+                    append(bid)
         if self.enable_prefix_caching:
             n = computed + num_new
             known = req.input_len + req.num_output

@@ -251,7 +251,8 @@ class Scheduler:
         add_sample, add_decode_kv = step.samples.append, step.decode_kv.append
         preempted = False
         i = 0  # the index in ``running`` of the request after the one being scheduled
-        while i < len(running) and budget > 0:
+        n_running = len(running)
+        while i < n_running and budget > 0:
             req = running[i]
             i += 1
             k = req.num_computed
@@ -278,6 +279,7 @@ class Scheduler:
                 preempted = True
                 budget += refund
                 i -= undone
+                n_running = len(running)
                 if not allocated:
                     break
             # step.add(req, n), inline
@@ -431,8 +433,11 @@ class Scheduler:
 
     def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
+        if self.role == "prefill":
+            return self._complete_prefills(batch, now, itl_sink)
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
         last_gap = gap_values[-1] if gap_values else None
+        run = 0  # gaps equal to last_gap not yet added to gap_counts[-1]
         finished: list[Request] = []
         stopped_waiting: list[Request] = []
         kv = self.kv
@@ -441,35 +446,28 @@ class Scheduler:
         caching = async_ and kv.enable_prefix_caching
         bs = kv.block_size
         max_len = self.max_model_len
-        prefill_role = self.role == "prefill"
         for req, s in zip(batch.requests, batch.samples):
             if not s:
                 continue
             status = req.status
             if status == FINISHED:
                 continue
-            if prefill_role and status == RUNNING:
-                # Prefill done. As in vLLM's disaggregated serving, the prefill instance's
-                # sampled token is not the client's: the request moves to a decode
-                # instance, whose first step samples the first token.
-                if async_:
-                    req.num_placeholders -= 1
-                req.status = WAITING
-                self.handoffs.append(req)
-                continue
             out = req.num_output
-            if out == 0:
-                req.first_token_ns = now
-            else:
+            if out:
                 gap = now - req.last_token_ns
                 if gap == last_gap:
-                    gap_counts[-1] += 1
+                    run += 1
                 else:
+                    if run:
+                        gap_counts[-1] += run
+                        run = 0
                     gap_values.append(gap)
                     gap_counts.append(1)
                     last_gap = gap
                 if gap > req.itl_max_ns:
                     req.itl_max_ns = gap
+            else:
+                req.first_token_ns = now
             req.last_token_ns = now
             out += 1
             req.num_output = out
@@ -486,6 +484,50 @@ class Scheduler:
                 finished.append(req)
                 if status != RUNNING:
                     stopped_waiting.append(req)
+        if run:
+            gap_counts[-1] += run
+        if finished:
+            self._retire(finished, stopped_waiting)
+        return finished
+
+    def _complete_prefills(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
+        """``complete`` on a PD prefill instance: a running request's prefill is done (its
+        sampled token is not the client's: the request moves to a decode instance, whose
+        first step samples the first token, as in vLLM's disaggregated serving); one
+        preempted meanwhile still gets its token."""
+        finished: list[Request] = []
+        stopped_waiting: list[Request] = []
+        async_ = self.async_scheduling
+        for req, s in zip(batch.requests, batch.samples):
+            if not s:
+                continue
+            status = req.status
+            if status == FINISHED:
+                continue
+            if status == RUNNING:
+                if async_:
+                    req.num_placeholders -= 1
+                req.status = WAITING
+                self.handoffs.append(req)
+                continue
+            out = req.num_output
+            if out == 0:
+                req.first_token_ns = now
+            else:
+                gap = now - req.last_token_ns
+                itl_sink.add(gap)
+                if gap > req.itl_max_ns:
+                    req.itl_max_ns = gap
+            req.last_token_ns = now
+            out += 1
+            req.num_output = out
+            if async_:
+                req.num_placeholders -= 1
+            if out >= req.output_len or req.input_len + out >= self.max_model_len:
+                req.status = FINISHED
+                req.finish_ns = now
+                finished.append(req)
+                stopped_waiting.append(req)
         if finished or self.handoffs:
             self._retire(finished, stopped_waiting)
         return finished

@@ -22,13 +22,9 @@ if TYPE_CHECKING:
     from sim.model import ModelSpec
 
 
-@dataclass(unsafe_hash=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class BatchShape:
     """What one iteration computes, in the coordinates the profiles are keyed on.
-
-    A value: hashed and compared by its fields, never changed once built (not declared
-    frozen: a frozen dataclass sets each field through ``object.__setattr__``, five times
-    the cost of building one, and one is built for every step simulated or leapt).
 
     ``num_tokens`` is every token computed this step (prefill chunk tokens plus one per
     decode); ``num_seqs`` the sequences that produce logits (lm_head/sampler rows).
@@ -36,6 +32,10 @@ class BatchShape:
     ``prefill_kv`` tokens already cached (sums over the requests; ``prefill_work`` keeps
     the per-request pairing that attention cost depends on); decode requests read ``decode_kv_sum`` cached
     tokens in total (the longest read is ``decode_kv_max``).
+
+    Never changed once built, and hashed by value, but not frozen: a frozen dataclass
+    sets each field through ``object.__setattr__``, which made building one (once a step,
+    and once a step of every event leap) several times slower.
     """
 
     num_tokens: int

@@ -137,11 +137,3 @@ def test_catalogue_lists_providers_in_auto_order():
     listed = [e["provider"] for e in available_providers("H100-SXM", DENSE, 1)]
     assert listed[0] == auto_choice(llama, "H100-SXM", 1)[0] and "roofline" in listed
     assert "measured" not in listed   # no H100 bundle ships
-
-
-def test_batch_shape_is_a_value():
-    """Providers and backends key caches on shapes: equal fields, equal shape and hash."""
-    a = BatchShape(16, 16, num_decode=16, decode_kv_sum=8192, decode_kv_max=512)
-    b = BatchShape(16, 16, num_decode=16, decode_kv_sum=8192, decode_kv_max=512)
-    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
-    assert a != BatchShape(16, 16, num_decode=16, decode_kv_sum=8192, decode_kv_max=513)
