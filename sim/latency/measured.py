@@ -280,6 +280,15 @@ def _book_nothing(k: int) -> None:
     """``DecodeStretch.record`` of a stretch that looks nothing up off the grid."""
 
 
+def _book_off_grid(extrap: dict, grid_notes: tuple[str, ...], k: int, kv_decode: int) -> None:
+    """Count the off-grid lookups of a stretch's first ``k`` steps: one per step on each axis
+    of ``grid_notes`` and ``kv_decode`` on the decode-KV axis."""
+    for axis in grid_notes:
+        extrap[axis] = extrap.get(axis, 0) + k
+    if kv_decode:
+        extrap["kv_decode"] = extrap.get("kv_decode", 0) + kv_decode
+
+
 def _lerp_piece(line: tuple, q0: int, q1: int) -> tuple | None:
     """The interval piece of ``line`` (see ``_piecewise``) that holds all of q0 .. q1 -
     1, or None where they are not in one."""
@@ -824,13 +833,9 @@ class MeasuredProvider(LatencyProvider):
         extrap = self._extrap
 
         def record(k: int) -> None:
-            if k <= 0:
-                return
-            for axis in grid_notes:
-                extrap[axis] = extrap.get(axis, 0) + k
-            n = sum(k - (j if j > 0 else 0) for j in offs if k > j)
-            if n:
-                extrap["kv_decode"] = extrap.get("kv_decode", 0) + n
+            if k > 0:
+                _book_off_grid(extrap, grid_notes, k,
+                               sum(k - (j if j > 0 else 0) for j in offs if k > j))
 
         return record
 
@@ -891,12 +896,8 @@ class MeasuredProvider(LatencyProvider):
         extrap = self._extrap
 
         def record(k: int) -> None:
-            if k <= 0:
-                return
-            for axis in grid_notes:
-                extrap[axis] = extrap.get(axis, 0) + k
-            if kv_booked[k - 1]:
-                extrap["kv_decode"] = extrap.get("kv_decode", 0) + kv_booked[k - 1]
+            if k > 0:
+                _book_off_grid(extrap, grid_notes, k, kv_booked[k - 1])
 
         return DecodeStretch([base + max(1, int(a)) * layers for a in attn], record)
 
