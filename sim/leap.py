@@ -28,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, islice
-from operator import eq, mul
+from operator import eq, mul, sub
 
 from sim.kv_cache import NONE_PRIVATE, block_hashes
 from sim.latency.base import BatchShape
@@ -575,21 +575,24 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
-    gaps = [b - a for a, b in zip(completion_ns, completion_ns[1:])]
-    common_max = max(gaps, default=0)
+    gaps = list(map(sub, islice(completion_ns, 1, None), completion_ns))
+    common_max = max(gaps) if gaps else 0
     ending = finishing(plan, done)
-    before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in ending]
+    if ending:
+        before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in ending]
     values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
+    run = values[-1] if values else None  # the last run's gap
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
         r.num_computed = c0 + steps
         r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
-            if values and values[-1] == g:
+            if g == run:
                 counts[-1] += 1
             else:
                 values.append(g)
                 counts.append(1)
+                run = g
             m = g if g > common_max else common_max
         else:
             r.first_token_ns = first
