@@ -790,9 +790,12 @@ class _Run:
         if self.async_unit[unit]:
             if self.inflight_count[unit] != 1:
                 return False
-            b1 = next((e for e in self.in_flight if e[2] == unit and e[3].__class__ is list),
-                      None)
-            if b1 is None or not steady_decode(sch, b1[3][0][1]):
+            for b1 in self.in_flight:
+                if b1[2] == unit and b1[3].__class__ is list:
+                    break
+            else:
+                return False
+            if not steady_decode(sch, b1[3][0][1]):
                 return False
         elif self.inflight_count[unit] or not steady_decode(sch, None):
             return False
