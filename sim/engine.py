@@ -1025,7 +1025,7 @@ def _record_leap_series(series, plan, completions: list[int], in_flight, waiting
     drops = plan.drops
     done = len(completions)
     total = len(drops)
-    ends = sorted(drops[i] for i in finishing(plan, done))
+    ends = sorted([drops[i] for i in finishing(plan, done)])
     e = 0  # the requests finished so far
     first = 0
     if in_flight is not None:  # it may finish prompts

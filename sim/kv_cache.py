@@ -377,7 +377,7 @@ class KVCacheManager:
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
                   num_new: int) -> bool:
         ref, free = self.ref, self.free
-        hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
+        hit_free = [ref[b] for b in hit_blocks].count(0) if hit_blocks else 0
         tokens = req.num_tokens if reserve_full else len(hit_blocks) * self.block_size + num_new
         need = -(-tokens // self.block_size) - len(hit_blocks)  # (blocks_for(tokens) - hit)
         return need <= free.end - free.next_fresh + len(free.recycled) - hit_free
@@ -390,7 +390,7 @@ class KVCacheManager:
         free, ref = self.free, self.ref
         if hit_blocks:
             computed += len(hit_blocks) * bs
-            hit_free = sum(1 for b in hit_blocks if ref[b] == 0)
+            hit_free = [ref[b] for b in hit_blocks].count(0)
             need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
             if need < 0:
                 need = 0

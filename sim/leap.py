@@ -192,7 +192,7 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
         if 1 in lefts:
             if max(lefts) == 1:
                 return None
-            max_completions = min(left for left in lefts if left != 1) - 1
+            max_completions = min([left for left in lefts if left != 1]) - 1
             for i, d in enumerate(drops):
                 if d == 0:
                     firsts[i] = NEVER
@@ -308,7 +308,7 @@ def _freed_at(sch: Scheduler, firsts: list[int], drops: list[int], max_completio
     ref = sch.kv.ref
     running = sch.running
     freed_at = [0] * (max_completions + 1)
-    order = sorted((d, i) for i, d in enumerate(drops) if d < max_completions)
+    order = sorted([(d, i) for i, d in enumerate(drops) if d < max_completions])
     left: dict[int, int] = {}
     for d, i in order:
         bids = running[i].block_ids
@@ -468,7 +468,7 @@ def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: in
     if n > budget:
         n = budget
     ref = kv.ref
-    hit_free = sum(1 for b in hit if ref[b] == 0)
+    hit_free = [ref[b] for b in hit].count(0) if hit else 0
     if sch.reserve_full and kv.blocks_for(head.num_tokens) - len(hit) > free - hit_free:
         return False
     if hit:
@@ -619,7 +619,7 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         r.itl_max_ns = m if m > itl_max else itl_max
     # completion k + 2 (gaps[k]) gives a token to each request in step k: drop > k (the
     # gaps between two drops to as many requests)
-    ends = sorted(drops[i] for i in ending)
+    ends = sorted([drops[i] for i in ending])
     e = k = 0
     while k < len(gaps):
         while e < len(ends) and ends[e] <= k:
