@@ -951,8 +951,7 @@ class _Run:
                 self.series.record(completions[0], in_flight.prefill_tokens,
                                    in_flight.decode_tokens, n, waiting, kv_usage(0))
                 first = 1
-            self.series.record_decode_steps(completions[first:], n, n, waiting,
-                                            lambda k: kv_usage(k + first))
+            self.series.record_decode_steps(completions, n, n, waiting, kv_usage, first)
         async_ = self.async_unit[unit]
         starts = completions[:steps] if async_ else [self.now, *completions][:steps]
         if len(starts) < steps:  # (async) the last step starts when the one before ends
@@ -1042,8 +1041,7 @@ def _record_leap_series(series, plan, completions: list[int], in_flight, waiting
             e += 1
         # completions up to the next finish give the same tokens and leave the same running
         hi = k + 1 if e > e0 else (min(done, ends[e]) if e < len(ends) else done)
-        series.record_decode_steps(completions[k:hi], gen, total - e, waiting,
-                                   lambda m, k=k: kv_usage(m + k))
+        series.record_decode_steps(completions, gen, total - e, waiting, kv_usage, k, hi)
         k = hi
 
 

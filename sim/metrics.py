@@ -202,14 +202,16 @@ class TimeSeries:
             self.kv.append(self.kv[-1] if self.kv else 0.0)
 
     def record_decode_steps(self, times_ns: list[int], gen: int, running: int, waiting: int,
-                            kv_at) -> None:
+                            kv_at, lo: int = 0, n: int | None = None) -> None:
         """``record(t, 0, gen, running, waiting, kv_at(k))`` for each ``t = times_ns[k]``
-        (increasing), a bucket at a time: its tokens added at once, its state the last."""
+        (increasing; ``k`` from ``lo`` up to ``n``, default all), a bucket at a time: its
+        tokens added at once, its state the last."""
         interval = self.interval_ns
-        lo, n = 0, len(times_ns)
+        if n is None:
+            n = len(times_ns)
         while lo < n:
             b = times_ns[lo] // interval
-            hi = bisect_left(times_ns, (b + 1) * interval, lo)
+            hi = bisect_left(times_ns, (b + 1) * interval, lo, n)
             if len(self.prompt) <= b:
                 self._extend_to(b)
             self.gen[b] += gen * (hi - lo)
