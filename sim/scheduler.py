@@ -435,6 +435,11 @@ class Scheduler:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
         if self.role == "prefill":
             return self._complete_prefills(batch, now, itl_sink)
+        return self._emit_tokens(zip(batch.requests, batch.samples), now, itl_sink)
+
+    def _emit_tokens(self, sampled, now: int, itl_sink: GapRuns) -> list[Request]:
+        """Each request of ``sampled`` ((request, sampled?) pairs) that sampled and is not
+        finished gets its token; requests that reach their length retire."""
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
         last_gap = gap_values[-1] if gap_values else None
         run = 0  # gaps equal to last_gap not yet added to gap_counts[-1]
@@ -446,7 +451,7 @@ class Scheduler:
         caching = async_ and kv.enable_prefix_caching
         bs = kv.block_size
         max_len = self.max_model_len
-        for req, s in zip(batch.requests, batch.samples):
+        for req, s in sampled:
             if not s:
                 continue
             status = req.status
@@ -486,7 +491,7 @@ class Scheduler:
                     stopped_waiting.append(req)
         if run:
             gap_counts[-1] += run
-        if finished:
+        if finished or self.handoffs:
             self._retire(finished, stopped_waiting)
         return finished
 
@@ -495,42 +500,17 @@ class Scheduler:
         sampled token is not the client's: the request moves to a decode instance, whose
         first step samples the first token, as in vLLM's disaggregated serving); one
         preempted meanwhile still gets its token."""
-        finished: list[Request] = []
-        stopped_waiting: list[Request] = []
         async_ = self.async_scheduling
+        rest = []
         for req, s in zip(batch.requests, batch.samples):
-            if not s:
-                continue
-            status = req.status
-            if status == FINISHED:
-                continue
-            if status == RUNNING:
+            if s and req.status == RUNNING:
                 if async_:
                     req.num_placeholders -= 1
                 req.status = WAITING
                 self.handoffs.append(req)
-                continue
-            out = req.num_output
-            if out == 0:
-                req.first_token_ns = now
             else:
-                gap = now - req.last_token_ns
-                itl_sink.add(gap)
-                if gap > req.itl_max_ns:
-                    req.itl_max_ns = gap
-            req.last_token_ns = now
-            out += 1
-            req.num_output = out
-            if async_:
-                req.num_placeholders -= 1
-            if out >= req.output_len or req.input_len + out >= self.max_model_len:
-                req.status = FINISHED
-                req.finish_ns = now
-                finished.append(req)
-                stopped_waiting.append(req)
-        if finished or self.handoffs:
-            self._retire(finished, stopped_waiting)
-        return finished
+                rest.append((req, s))
+        return self._emit_tokens(rest, now, itl_sink)
 
     def _retire(self, finished: list[Request], stopped_waiting: list[Request]) -> None:
         """Finished requests leave (their blocks freed), and so do handed-off prefills
