@@ -231,7 +231,7 @@ class KVCacheManager:
     # -------------------------------------------------------------- accounting
     @property
     def num_free(self) -> int:
-        free = self.free  # (len(free), without its call)
+        free = self.free  # (len(free), without its call: read several times a step)
         return free.end - free.next_fresh + len(free.recycled)
 
     @property
@@ -239,9 +239,7 @@ class KVCacheManager:
         return self.num_blocks - len(self.free)
 
     def usage(self) -> float:
-        free = self.free  # (its length, read without the calls: once per step)
-        num_free = free.end - free.next_fresh + len(free.recycled)
-        return (self.num_blocks - num_free) / self.num_blocks
+        return (self.num_blocks - self.num_free) / self.num_blocks
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -264,9 +262,8 @@ class KVCacheManager:
         tokens, up to its first private block if it was never preempted (no block holds
         a private block's hash then: only it could have cached one)."""
         max_blocks = (req.num_tokens - 1) // self.block_size
-        private = self.private
-        if private is not None and not req.preemptions and self.lower_tier is None:
-            p = private.get(req.rid, NONE_PRIVATE)
+        if not req.preemptions and self.defers_private():
+            p = self.private.get(req.rid, NONE_PRIVATE)
             if p < max_blocks:
                 return p
         return max_blocks
@@ -298,9 +295,8 @@ class KVCacheManager:
         full = num_tokens // bs
         if full <= start:
             return
-        private = self.private
-        if private is not None and self.lower_tier is None:
-            p = private.get(req.rid, NONE_PRIVATE)
+        if self.defers_private():
+            p = self.private.get(req.rid, NONE_PRIVATE)
             if full > p:
                 if start < p:
                     self._enter(req, start, p)
@@ -376,11 +372,11 @@ class KVCacheManager:
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
                   num_new: int) -> bool:
-        ref, free = self.ref, self.free
+        ref = self.ref
         hit_free = [ref[b] for b in hit_blocks].count(0) if hit_blocks else 0
         tokens = req.num_tokens if reserve_full else len(hit_blocks) * self.block_size + num_new
         need = -(-tokens // self.block_size) - len(hit_blocks)  # (blocks_for(tokens) - hit)
-        return need <= free.end - free.next_fresh + len(free.recycled) - hit_free
+        return need <= self.num_free - hit_free
 
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
@@ -394,7 +390,7 @@ class KVCacheManager:
             need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
             if need < 0:
                 need = 0
-            if need + hit_free > free.end - free.next_fresh + len(free.recycled):  # (len(free))
+            if need + hit_free > self.num_free:
                 return False
             for b in hit_blocks:
                 if ref[b] == 0:
@@ -404,7 +400,7 @@ class KVCacheManager:
             req.cached_hashes = len(hit_blocks)
         else:
             need = -(-(computed + num_new) // bs) - len(req.block_ids)
-            if need > free.end - free.next_fresh + len(free.recycled):  # (len(free))
+            if need > self.num_free:
                 return False
         if need > 0:
             fresh = free.end - free.next_fresh
@@ -481,7 +477,7 @@ class KVCacheManager:
         ``finished`` (default: its status says so): it can never hit them again."""
         if finished is None:
             finished = req.status == FINISHED
-        if not finished and self.private is not None and self.lower_tier is None:
+        if not finished and self.defers_private():
             cached = req.cached_hashes or 0
             p = self.private.get(req.rid, NONE_PRIVATE)
             if cached > p:
