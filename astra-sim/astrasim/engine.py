@@ -86,6 +86,11 @@ class Engine:
 
     # ---------------- timing helpers ----------------
     def collective_time(self, comm_type: int, size_bytes: float, involved_dims=None) -> int:
+        """Cycles of one collective; ValueError (a malformed node) when its comm_type or
+        comm_size is not a number (an attribute present without a value decodes as None)."""
+        for name, v in (("comm_type", comm_type), ("comm_size", size_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"{name} must be a number, got {v!r}")
         return self.coll.time(int(comm_type), size_bytes,
                               tuple(bool(x) for x in involved_dims)
                               if involved_dims is not None else None)

@@ -72,6 +72,20 @@ def test_interactive_prefix_with_a_nul_byte(tmp_path, wl, capsys, monkeypatch):
     assert rc == 2 and "NUL byte" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_collective_without_a_comm_type_value_exits_2(tmp_path, wl, capsys):
+    """Byte 66 of the trace set to 8 leaves a collective's comm_type attribute without a
+    value (it decodes as None): a one-line error naming the trace, not a TypeError."""
+    bs = bytearray((wl / "wl" / "it.0.et").read_bytes())
+    bs[66] = 8
+    (tmp_path / "t").mkdir()
+    for n in range(4):
+        (tmp_path / "t" / f"it.{n}.et").write_bytes(bytes(bs))
+    rc = _run(tmp_path, wl, prefix=tmp_path / "t" / "it")
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and str(tmp_path / "t" / "it.") in err, err
+
+
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
