@@ -1,0 +1,111 @@
+"""Differential test of the whole engine (not only the scheduler) against vLLM 0.19's own
+scheduler, on random workloads.
+
+``test_sim_vllm_scheduler_parity`` drives sim's scheduler the way vLLM's engine loop
+drives vLLM's; here sim's engine drives its scheduler itself (arrivals in nanoseconds,
+steps timed by the latency model, async scheduling chained as the engine chains it, the
+empty step after a self-preemption rescheduled at once) with event leaping off, and
+every call it makes is replayed into vLLM's scheduler: each request added right before
+the schedule call that first read it, each completion updating the oldest step in
+flight. Every schedule call must decide as vLLM's does (which requests, from which
+computed count, how many tokens, which are preempted, free blocks after it) and every
+completion must finish the same requests; and the engine must call them in an order
+vLLM's ``step``/``step_with_batch_queue`` can (``replay_in_vllm`` checks that too).
+One instance, no pipeline parallelism (its stage timing is the engine's own model).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="needs vLLM (the parity extra)")
+
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from sim_testkit import cluster_dict, mem_size_for_blocks, opts_for  # noqa: E402
+from test_sim_vllm_scheduler_parity import (Case, cases, record_calls,  # noqa: E402
+                                            replay_in_vllm)
+
+import sim  # noqa: E402
+from sim.errors import InputError  # noqa: E402
+from sim.request import Request  # noqa: E402
+
+
+@st.composite
+def engine_cases(draw) -> tuple[Case, int]:
+    """A scheduler case without pipeline parallelism, and the nanoseconds per arrival
+    iteration (arrivals from bursts inside one step to one every few steps)."""
+    case = draw(cases())
+    case.pp = 1
+    return case, draw(st.sampled_from([1_000_000, 20_000_000, 150_000_000]))
+
+
+def _run(case: Case, ns_per_iter: int, bundle_root, monkeypatch):
+    reqs = []
+    for rid, (it, ids, out, prio) in enumerate(case.requests):
+        r = Request(rid, it * ns_per_iter, len(ids), len(out), input_ids=list(ids),
+                    output_ids=list(out))
+        r.priority = prio
+        reqs.append(r)
+    opts = opts_for(bundle_root, async_scheduling=case.async_sched,
+                    enable_prefix_caching=case.caching, enable_chunked_prefill=case.chunked,
+                    reserve_full_isl=case.reserve_full,
+                    scheduling_policy="priority" if case.priority else "fcfs",
+                    max_num_batched_tokens=case.budget, max_num_seqs=case.max_num_seqs,
+                    long_prefill_token_threshold=case.threshold, block_size=case.block_size,
+                    max_model_len=case.max_model_len, event_leaping=False,
+                    # (requests of a tiny pool may preempt each other for ever)
+                    max_sim_time_ns=3_600_000_000_000)
+    cd = cluster_dict(case.num_blocks, 1, case.block_size)
+    # (memory for the case's blocks at its engine limits, which move the activation peak)
+    cd["nodes"][0]["instances"][0]["npu_mem"]["mem_size"] = mem_size_for_blocks(
+        case.num_blocks, case.block_size, max_num_batched_tokens=case.budget,
+        max_num_seqs=case.max_num_seqs)
+    cluster = sim.parse_cluster(cd)
+    events, read_at, result = record_calls(
+        monkeypatch, lambda: sim.simulate(cluster, sim.Workload(reqs, source="<test>"), opts))
+    return events, read_at, result
+
+
+@settings(max_examples=int(os.environ.get("PARITY_ENGINE_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ec=engine_cases())
+def test_engine_matches_vllm_on_random_workloads(ec, bundle_root, model_dir, monkeypatch):
+    case, ns_per_iter = ec
+    try:
+        events, read_at, result = _run(case, ns_per_iter, bundle_root, monkeypatch)
+    except InputError as e:
+        # Without chunked prefill a request preempted after generating past the token
+        # budget can never be scheduled again (vLLM would wait for ever): sim says so.
+        assert not case.chunked and "chunked prefill is off" in str(e)
+        event("a preempted request outgrew the token budget")
+        return
+    finished = [r for r in result.requests if r.finish_ns > 0]
+    if len(finished) < len(case.requests):
+        # (requests of a tiny pool preempting each other for ever, as in vLLM: the run
+        # stops at max_sim_time_ns)
+        event("not every request finished")
+        return
+    preemptions = replay_in_vllm(events, read_at, case, model_dir)
+    assert preemptions == result.summary["preemptions"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("tiny-llama-engine"))
+
+
+def test_random_engine_case_reaches_vllm(bundle_root, model_dir, monkeypatch):
+    """One fixed case end to end (async scheduling, prefix caching, a small pool): the
+    replay sees every request and some preemptions."""
+    rng = random.Random(3)
+    prefix = [rng.randrange(50) for _ in range(32)]
+    reqs = [(i // 3, prefix + [rng.randrange(50) for _ in range(rng.randint(1, 40))],
+             [rng.randrange(50) for _ in range(rng.randint(5, 30))], 0) for i in range(10)]
+    case = Case(16, 9, 8, 64, True, 0, True, False, True, 1, False, 32768, reqs)
+    events, read_at, result = _run(case, 20_000_000, bundle_root, monkeypatch)
+    assert len(read_at) == 10
+    assert replay_in_vllm(events, read_at, case, model_dir) == result.summary["preemptions"] > 0
