@@ -449,17 +449,24 @@ def record_engine(monkeypatch, **run_kw) -> tuple[list, dict, object, dict]:
     return events, read_at, result, meta
 
 
-def record_calls(monkeypatch, run) -> tuple[list, dict, object]:
+class TooManyCalls(Exception):
+    """A recorded run made more schedule calls than it was given."""
+
+
+def record_calls(monkeypatch, run, max_calls: int | None = None) -> tuple[list, dict, object]:
     """Call ``run()`` (a whole-engine run, event leaping off) and record, in order, what
     reached the scheduler: each ``schedule`` call's view (as run_case compares it) and
     each ``complete`` call's finished requests, plus, per request, the schedule call that
-    first read it. Returns those and what ``run`` returned."""
+    first read it. Returns those and what ``run`` returned; raises TooManyCalls past
+    ``max_calls`` schedule calls."""
     events: list = []
     read_at: dict[int, tuple[int, SimRequest]] = {}
     sched, comp = SimScheduler.schedule, SimScheduler.complete
     calls = [0]
 
     def schedule(self, now):
+        if max_calls is not None and calls[0] >= max_calls:
+            raise TooManyCalls(max_calls)
         for r in self.unread:
             read_at.setdefault(r.rid, (calls[0], r))
         b = sched(self, now)
