@@ -10,6 +10,16 @@ which order, from which computed-token count and with how many new tokens (so pr
 hits too), which are preempted, and how many KV blocks are free; after every update,
 which requests finished; at the end, the prefix-cache queries and hits.
 
+Cases come from three regimes, all in the default run (200 examples): small (budgets of
+8-96 tokens, prompts of a few blocks), long (budgets of 256-16,384 tokens, prompts of up
+to several thousand tokens with long_prefill_token_threshold up to 2,048, outputs up to
+300) and burst (12-40 requests, most arriving in one iteration); each with pools from
+"just the longest request" (heavy preemption) up, max_model_len caps from just past the
+longest prompt, shared prefixes, FCFS or priority, sync/async/pipeline parallelism, and
+sim's KV manager deferring private blocks as the engine does or not. For deeper runs:
+``PARITY_EXAMPLES=5000`` and ``PARITY_REGIMES=long,burst`` (a subset), with
+``--hypothesis-seed=N``.
+
 Needs the ``parity`` extra (``pip install -e '.[parity]'``, see the Makefile); without
 vLLM installed the test is skipped.
 """
