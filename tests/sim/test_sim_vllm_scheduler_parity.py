@@ -10,7 +10,7 @@ which order, from which computed-token count and with how many new tokens (so pr
 hits too), which are preempted, and how many KV blocks are free; after every update,
 which requests finished; at the end, the prefix-cache queries and hits.
 
-Cases come from three regimes, all in the default run (200 examples): small (budgets of
+Cases come from four regimes, all in the default run (200 examples): small (budgets of
 8-96 tokens, prompts of a few blocks), long (budgets of 256-16,384 tokens, prompts of up
 to several thousand tokens with long_prefill_token_threshold up to 2,048, outputs up to
 300) and burst (12-40 requests, most arriving in one iteration); each with pools from
@@ -73,7 +73,7 @@ class Case:
 
 #: the workload regimes a case is drawn from (see ``cases``), with their weights in the
 #: default run; ``PARITY_REGIMES=long,burst`` (a comma-separated subset) draws only those
-REGIMES = {"small": 5, "long": 2, "burst": 2}
+REGIMES = {"small": 5, "long": 2, "burst": 2, "long_burst": 1}
 
 
 def _regimes() -> list[str]:
@@ -89,16 +89,19 @@ def _workload(rng: random.Random, regime: str, bs: int, budget: int, chunked: bo
               n_reqs: int) -> list[tuple[int, list[int], list[int], int]]:
     """Requests of a regime: small (prompts of a few blocks, a few shared prefixes), long
     (prompts of up to several thousand tokens, prefixes of up to a thousand), burst (many
-    short requests, most of them arriving in one or two iterations)."""
+    short requests, most of them arriving in one or two iterations), long_burst (many
+    requests of up to 4,000 tokens arriving together)."""
     if regime == "long":
         prefix_blocks, suffix = (1, 64), (1, rng.choice([64, 512, 6000]))
         out_len = (1, rng.choice([32, 32, 300]))
+    elif regime == "long_burst":
+        prefix_blocks, suffix, out_len = (1, 64), (1, 4000), (1, 64)
     else:
         prefix_blocks, suffix, out_len = (1, 4), (1, 3 * bs), (1, 24)
     n_prefix = rng.randint(0, 3)
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(*prefix_blocks) * bs)]
                 for _ in range(n_prefix)]
-    burst = [rng.randint(0, 3)] if regime == "burst" else [0, 0, 1, 4, 4, 9]
+    burst = [rng.randint(0, 3)] if regime.endswith("burst") else [0, 0, 1, 4, 4, 9]
     reqs = []
     for _ in range(n_reqs):
         ids = list(rng.choice(prefixes)) if prefixes and rng.random() < 0.7 else []
@@ -116,12 +119,12 @@ def _workload(rng: random.Random, regime: str, bs: int, budget: int, chunked: bo
 @st.composite
 def cases(draw) -> Case:
     regime = draw(st.sampled_from(_regimes()))
-    if regime == "long":
+    if regime.startswith("long"):
         bs = draw(st.sampled_from([16, 16, 32]))
         budget = draw(st.sampled_from([256, 512, 2048, 4096, 8192, 16384]))
         threshold = draw(st.sampled_from([0, 0, 64, 512, 2048]))
         max_num_seqs = draw(st.sampled_from([1, 2, 4, 8, 64, 256]))
-        n_reqs = draw(st.integers(1, 10))
+        n_reqs = draw(st.integers(1, 10) if regime == "long" else st.integers(12, 40))
     else:
         bs = draw(st.sampled_from([4, 8, 16]))
         budget = draw(st.integers(8, 96 if regime == "small" else 256))
@@ -142,7 +145,7 @@ def cases(draw) -> Case:
     min_blocks = -(-longest // bs) + 2
     num_blocks = min_blocks + draw(st.sampled_from([0, 0, 1, 3, 10, 40]) if regime != "small"
                                    else st.one_of(st.integers(0, 3), st.integers(0, 40)))
-    if regime == "burst" and draw(st.booleans()):
+    if regime.endswith("burst") and draw(st.booleans()):
         num_blocks += sum(-(-(len(r[1]) + len(r[2])) // bs) for r in reqs) // 3
     # max_model_len caps: none, just past the longest prompt (the first sampled token
     # ends it), or somewhere inside the longest sequence
