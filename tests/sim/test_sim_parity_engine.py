@@ -46,7 +46,7 @@ def engine_cases(draw) -> tuple[Case, int]:
     every few steps)."""
     case = draw(cases())
     if not os.environ.get("PARITY_ENGINE_PP"):
-        case.pp = 1  # (see test_pipeline_engine_schedules_before_it_processes_the_oldest)
+        case.pp = 1  # (see test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one)
     return case, draw(st.sampled_from([1_000_000, 20_000_000, 150_000_000]))
 
 
@@ -124,22 +124,23 @@ def test_random_engine_case_reaches_vllm(bundle_root, model_dir, monkeypatch):
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="engine deviation, reported: with pipeline parallelism sim's engine "
-                   "waits for a stage to free before it schedules the next batch; vLLM fills "
-                   "its batch queue at once")
-def test_pipeline_engine_schedules_before_it_processes_the_oldest(bundle_root, model_dir,
-                                                                   monkeypatch):
-    """Found by the fuzz above with ``PARITY_ENGINE_PP=1``. pp=3, no async scheduling:
-    vLLM's ``step_with_batch_queue`` schedules a new batch whenever its queue (pp batches)
-    is not full and the oldest batch is not done, and processes an output only when it
-    cannot schedule; so the composition of every batch is decided right after the one
-    before it is submitted. Sim's engine schedules the next batch only once the last one
-    has left the first stage (``free_at``): when that stage time outlasts the oldest
-    batch, it processes the oldest batch's output first and then schedules (with that
-    output in: the requests of the oldest batch can run again), where vLLM scheduled
-    without it."""
-    reqs = [(3, [2, 16, 32, 31, 25, 19, 30, 22],
-             [45, 42, 40, 0, 39, 31, 21, 15, 46, 20, 45, 4, 12], 1),
+                   "schedules again when a stage frees; vLLM, having scheduled nothing, "
+                   "blocks on its oldest step")
+def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_root, model_dir,
+                                                                       monkeypatch):
+    """Found by the fuzz above with ``PARITY_ENGINE_PP=1`` (shrunk). pp=2, no async
+    scheduling. vLLM's ``step_with_batch_queue`` schedules whenever its queue (pp batches)
+    is not full; when that schedules nothing (every running request has its step in
+    flight) it blocks until the oldest batch is done and processes its output, and only
+    then schedules again: a request arriving meanwhile waits for that. Sim's engine
+    schedules again as soon as the last batch has left the first stage (``free_at``), so
+    the arrival (request 1 here) starts one stage time after the empty attempt, before
+    the oldest batch's output is in. The replay fails with "scheduled ... where vLLM waits
+    for its oldest step". (Where sim's engine waits for the stage and vLLM would have
+    scheduled, vLLM's step is empty in every case the fuzz found: the replay checks it.)"""
+    reqs = [(3, [2, 16, 32, 31, 25, 19, 30, 22, 37, 13, 32, 8, 18, 8, 48, 6, 30, 28, 33, 16,
+                 3, 35], [45, 42, 40, 0, 39, 31, 21, 15, 46, 20, 45, 4, 12], 1),
             (4, [34, 28, 5], [20, 32, 31], 2)]
-    case = Case(4, 8, 2, 8, False, 4, True, False, False, 3, False, 32768, reqs)
+    case = Case(4, 11, 2, 22, False, 0, True, False, False, 2, False, 32768, reqs)
     events, read_at, result = _run(case, 1_000_000, bundle_root, monkeypatch)
     replay_in_vllm(events, read_at, case, model_dir)
