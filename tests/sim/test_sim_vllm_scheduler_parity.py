@@ -531,7 +531,7 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
                 assert v.update(handle) == []
             # after an empty step with steps in flight, vLLM blocks on the oldest one:
             # sim may only ask again (pipeline parallelism: a stage freed) for nothing
-            if not view[0] and in_flight and events[n + 1][0] == "S":
+            if not view[0] and in_flight and n + 1 < len(events) and events[n + 1][0] == "S":
                 assert not events[n + 1][1][0] and not events[n + 1][1][1], \
                     f"call {n + 1}: scheduled {events[n + 1][1]} where vLLM waits for " \
                     "its oldest step"
