@@ -77,6 +77,14 @@ def _check_instance_limits(cluster, opts) -> None:
             raise InputError(f"{cluster.source}: instance {inst.instance_id}: {why}")
 
 
+def _mean_p99(stats: dict, digits: int) -> str:
+    """``mean X ms p99 Y`` of a summary statistic, or ``n/a`` where it has no values (no
+    request finished; TPOT when every output is one token)."""
+    if not math.isfinite(stats["mean"]):
+        return "n/a"
+    return f"mean {stats['mean']:.{digits}f} ms p99 {stats['p99']:.{digits}f}"
+
+
 def _run(args) -> int:
     import sim
     from sim.options import options_from_args
@@ -102,8 +110,7 @@ def _run(args) -> int:
     s = result.summary
     print(f"{s['num_finished']}/{s['num_requests']} requests in {s['simulated_s']:.2f} s simulated "
           f"({s['wall_s']:.2f} s wall) | latency: {s['latency_provider']} | "
-          f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
-          f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
+          f"TTFT {_mean_p99(s['ttft_ms'], 1)} | TPOT {_mean_p99(s['tpot_ms'], 2)} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
     for iid, kv in (s.get("kv_cache") or {}).items():
         line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"

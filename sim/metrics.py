@@ -263,14 +263,23 @@ class RunResult:
     timeseries: TimeSeries
 
     def request_rows(self) -> list[tuple]:
-        """One tuple per request in REQUEST_COLUMNS order, sorted by request id."""
+        """One tuple per request in REQUEST_COLUMNS order, sorted by request id. A time a
+        request never reached (refused at arrival, or still running when the simulation
+        stopped) is None, and so is every latency measured to it: an empty field in the
+        CSV, NaN in a DataFrame, never ``-1 - arrival``."""
         rows = []
         for r in self.requests:
-            ttft = r.first_token_ns - r.arrival_ns
-            tpot = (r.last_token_ns - r.first_token_ns) // max(1, r.num_output - 1)
-            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, r.arrival_ns,
-                         r.first_token_ns, r.last_token_ns, r.input_len, r.num_output, ttft, tpot,
-                         r.last_token_ns - r.arrival_ns, r.first_scheduled_ns - r.arrival_ns,
+            first, last, arrival = r.first_token_ns, r.last_token_ns, r.arrival_ns
+            ttft = first - arrival if first >= 0 else None
+            if r.finish_ns >= 0:
+                tpot = (last - first) // max(1, r.num_output - 1)
+                latency = last - arrival
+            else:
+                tpot = latency = None
+            queueing = r.first_scheduled_ns - arrival if r.first_scheduled_ns >= 0 else None
+            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, arrival,
+                         first if first >= 0 else None, last if last >= 0 else None,
+                         r.input_len, r.num_output, ttft, tpot, latency, queueing,
                          r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns,
                          r.prefill_instance, r.kv_transfer_ns))
         rows.sort(key=lambda row: row[0])  # stable: equal ids keep their order
@@ -292,10 +301,24 @@ class RunResult:
         if output_csv:
             _write_csv(output_csv, REQUEST_COLUMNS, self.request_rows())
         if summary_json:
-            Path(summary_json).write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+            Path(summary_json).write_text(
+                json.dumps(json_safe(self.summary), indent=2, default=str) + "\n")
         if timeseries_csv:
             cols = self.timeseries.columns()
             _write_csv(timeseries_csv, list(cols), zip(*cols.values()))
+
+
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float as None: a statistic over no values (no
+    request finished, every output one token) is ``null`` in a JSON file, as JSON has no
+    NaN (``json.dumps`` would write the bare word ``NaN``, which strict parsers refuse)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def _write_csv(path: str | Path, header, rows) -> None:
