@@ -324,6 +324,13 @@ class SimOptions:
                              f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
+        if self.astra_sim_bin is not None:
+            if self.backend != "subprocess":
+                raise InputError(f"option astra_sim_bin (--astra-sim-bin {self.astra_sim_bin!r}) "
+                                 "is used only with --backend subprocess; backend is "
+                                 f"{self.backend!r}")
+            from sim.paths import check_executable
+            check_executable(self.astra_sim_bin, "--astra-sim-bin")
         if not isinstance(self.timeseries_interval_ns, int) or \
                 not 10**6 <= self.timeseries_interval_ns <= 10**18:
             raise InputError("option timeseries_interval_ns must be an integer in "

@@ -56,3 +56,21 @@ def check_output_file(path: str | Path, flag: str) -> Path:
     if not existed:
         p.unlink(missing_ok=True)
     return p
+
+
+def check_executable(path: str, flag: str) -> str:
+    """The executable ``path`` names (a path, or a name found on PATH), or an InputError
+    naming ``flag``: no such file, a folder, or not executable."""
+    import shutil
+
+    from sim.errors import InputError
+
+    found = shutil.which(path)
+    if found:
+        return found
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {path!r} is a folder; give an executable file")
+    if p.is_file():
+        raise InputError(f"{flag} {path!r} is not executable; give an astra-sim executable")
+    raise InputError(f"{flag} {path!r}: no such file, and no such program on PATH")
