@@ -283,6 +283,9 @@ def bench_metrics(result, args) -> dict:
         "ttfts": [v / 1e3 for v in per_req["ttft"]],
     }
     itl = result.summary.get("itl_ms") or {}
+    if not any(math.isfinite(v) for v in itl.values()):
+        # no inter-token gap (every output one token): vLLM's np.mean(itls or 0) gives 0
+        itl = {k: 0.0 for k in itl}
     for m in metrics:
         if m == "itl":
             out["mean_itl_ms"] = itl.get("mean")
