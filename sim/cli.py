@@ -142,9 +142,25 @@ def _add_profiles(sub) -> None:
     lp.add_argument("--profiles", action="append", default=[])
 
 
+def _check_profiles_flags(args) -> None:
+    """What ``profiles list`` cannot answer, refused before anything is listed."""
+    from sim.hardware import load_hardware
+    from sim.model import load_model
+    from sim.options import check_profile_dirs
+
+    if args.tp is not None and args.tp < 1:
+        raise InputError(f"--tp must be >= 1, got {args.tp}")
+    check_profile_dirs(args.profiles)
+    if args.hardware:
+        load_hardware(args.hardware, source="--hardware")
+    if args.model:
+        load_model(args.model, source="--model")
+
+
 def _profiles(args) -> int:
     from sim.latency.measured import bundle_search_dirs
 
+    _check_profiles_flags(args)
     found = False
     for d in bundle_search_dirs(args.profiles):
         for meta in sorted(Path(d).glob("*/*/*/*/meta.yaml")):
@@ -172,7 +188,7 @@ def _coverage_matrix(args) -> bool:
 
     hws = [args.hardware] if args.hardware else known_hardware()
     models = [args.model] if args.model else known_models()
-    tps = [args.tp] if args.tp else [1, 2, 4, 8]
+    tps = [args.tp] if args.tp is not None else [1, 2, 4, 8]
     rows = []
     for m in models:
         spec = load_model(m, source="--model")

@@ -490,17 +490,22 @@ def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int
 
 
 
-def check_engine_flags(args) -> None:
-    """The checks ``llmsim run`` and ``llmsim bench`` share on their engine flags, before
-    anything is simulated: the seed, the profile folders, and what vLLM would refuse."""
+def check_profile_dirs(dirs) -> None:
+    """Each ``--profiles`` folder exists, or an InputError naming it."""
     from pathlib import Path
 
-    if args.seed < 0:
-        raise InputError(f"--seed must be >= 0, got {args.seed}")
-    for d in args.profiles:
+    for d in dirs:
         if not Path(d).is_dir():
             raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
                              "<HW>/<org>/<model>/<variant>/)")
+
+
+def check_engine_flags(args) -> None:
+    """The checks ``llmsim run`` and ``llmsim bench`` share on their engine flags, before
+    anything is simulated: the seed, the profile folders, and what vLLM would refuse."""
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    check_profile_dirs(args.profiles)
     why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
     if why:
         raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")
