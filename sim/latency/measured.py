@@ -89,11 +89,16 @@ def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
 
 
 _KEY_MAX = 2**53  # a grid key (tokens, sequences, KV length) exact as a double
+#: the longest time one layer call may take (1000 s): far past any measurement, and its
+#: integer nanoseconds summed over every layer of a step stay far inside int64 (a time of
+#: 1e17 us overflowed the step tables' int64 cast and read as 1 ns)
+_TIME_MAX_US = 1e9
 
 
 def _check_cell(row: dict, c: str) -> str | None:
     """Why the value of column ``c`` is not allowed (None when it is): a time is a finite
-    number >= 0, a skew fit's alpha any finite number, a grid key an integer >= 0."""
+    number in 0.._TIME_MAX_US, a skew fit's alpha any finite number, a grid key an integer
+    >= 0."""
     try:
         v = float(row[c])
     except (TypeError, ValueError):
@@ -101,8 +106,9 @@ def _check_cell(row: dict, c: str) -> str | None:
     if c == "alpha":
         return None if math.isfinite(v) else f"must be a finite number, got {row[c]!r}"
     if c == "time_us":
-        return None if math.isfinite(v) and v >= 0 else \
-            f"must be a finite time >= 0 (microseconds), got {row[c]!r}"
+        return None if math.isfinite(v) and 0 <= v <= _TIME_MAX_US else \
+            f"must be a finite time >= 0 and at most {_TIME_MAX_US:g} (microseconds), got "\
+            f"{row[c]!r}"
     if not (math.isfinite(v) and v.is_integer() and 0 <= v <= _KEY_MAX):
         return f"must be an integer >= 0, got {row[c]!r}"
     return None
