@@ -129,7 +129,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
                          "a profile is a CSV text file", source=str(path)) from None
     except csv.Error as exc:
         raise InputError(f"malformed profile CSV ({exc})", source=str(path)) from None
-    numeric = [c for c in columns if c != "layer"]
+    numeric = [c for c in columns if c != "layer" and not c.endswith("_label")]
     for lineno, row in enumerate(rows, start=2):
         for c in numeric:
             why = _check_cell(row, c)
@@ -520,7 +520,7 @@ class MeasuredProvider(LatencyProvider):
         rel = entry.get("bucket_table")
         if isinstance(rel, str) and rel:
             path = self.root / rel
-            for r in _read_csv(path, ("pc", "alpha")):
+            for r in _read_csv(path, ("pc", *(f"{a}_label" for a in _SKEW_AXES), "alpha")):
                 pc = int(float(r["pc"]))
                 pcs.add(pc)
                 table[(pc, r["n_label"], r["skew_rate_label"], r["kv_big_label"],
@@ -566,6 +566,8 @@ class MeasuredProvider(LatencyProvider):
                 raise InputError("MoE model but the bundle has no moe.csv", source=str(tp_dir))
             path = path1
         rows = _read_csv(path, ("tokens", "activated_experts", "time_us"))
+        if not rows:
+            raise InputError("MoE profile has no rows (a header alone)", source=str(path))
         by_ae: dict[int, dict[int, float]] = {}
         for r in rows:
             by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \

@@ -73,3 +73,46 @@ class _no_warning:
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)
+
+
+# ----------------------------------------------------------------- MoE bundle
+MOE_BUNDLE = DATA / "profiles/RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+MOE_CLUSTER = DATA / "llmservingsim-configs/cluster/single_node_moe_dp_ep_instance.json"
+
+
+def _moe_bundle(tmp_path: Path) -> Path:
+    dst = tmp_path / "profiles/RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    shutil.copytree(MOE_BUNDLE, dst)
+    for p in [dst, *dst.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    return dst
+
+
+def _drop_column(path: Path, name: str) -> None:
+    lines = [ln.split(",") for ln in path.read_text().splitlines()]
+    k = lines[0].index(name)
+    path.write_text("\n".join(",".join(c for i, c in enumerate(ln) if i != k)
+                              for ln in lines) + "\n")
+
+
+@pytest.mark.parametrize("mutate,needles", [
+    # moe.csv with its header and no rows: an IndexError traceback in the first MoE step
+    (lambda v: (v / "tp1/moe.csv").write_text("tokens,activated_experts,time_us\n"),
+     ["tp1/moe.csv", "no rows"]),
+    # a skew-fit bucket table without a label column: a KeyError traceback at load
+    (lambda v: _drop_column(v / "tp1/skew_fit.csv", "n_label"),
+     ["tp1/skew_fit.csv", "expected columns", "n_label"]),
+    (lambda v: _drop_column(v / "tp1/skew_fit.csv", "kp_label"),
+     ["tp1/skew_fit.csv", "expected columns", "kp_label"]),
+])
+def test_moe_bundle_damage_is_one_line(tmp_path, capsys, monkeypatch, mutate, needles):
+    monkeypatch.setenv("LLMSIM_CACHE_DIR", "off")
+    mutate(_moe_bundle(tmp_path))
+    rc = main(["run", "--cluster", str(MOE_CLUSTER), "--dataset", str(WL), "--output",
+               str(tmp_path / "o.csv"), "--profiles", str(tmp_path / "profiles"),
+               "--latency-provider", "measured"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1, err
+    for n in needles:
+        assert n in err, (n, err)
