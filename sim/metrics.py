@@ -19,6 +19,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.errors import InputError
 from sim.request import Request
 
 if TYPE_CHECKING:
@@ -179,6 +180,28 @@ def _percentile_at(at, n: int, q: float) -> float:
     return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
+#: time-series rows a run may have (one per ``timeseries_interval_ns`` of simulated time,
+#: idle stretches included): 10 million is 116 days at the default 1 s, ~2 GB to build;
+#: a request at 2**62 ns would have taken hours (arrivals are checked against it before
+#: the run, sim.validate.check_span; the clock itself while it runs, TimeSeries)
+MAX_SERIES_BUCKETS = 10_000_000
+
+
+def series_overflow(t_ns: int, interval_ns: int) -> InputError:
+    """The error for a simulated clock past the time series' rows: the cluster is so slow
+    that serving the workload takes months of simulated time."""
+    need = t_ns // (MAX_SERIES_BUCKETS * 10**9) + 1  # whole seconds a row
+    rows = t_ns // interval_ns + 1
+    rows_text = f"{rows:,}" if rows < 10**12 else f"{float(rows):.3g}"
+    # (--timeseries-interval-s allows up to 1e9 s a row)
+    hint = f" (or give --timeseries-interval-s {need} or more)" if need <= 10**9 else ""
+    return InputError(
+        f"the simulated clock reached {t_ns / 1e9:.4g} s ({t_ns / 86400e9:.4g} days): the "
+        f"time series would need {rows_text} rows of {interval_ns / 1e9:g} s; allowed: at "
+        f"most {MAX_SERIES_BUCKETS:,}. No real run is that slow: check the cluster's "
+        "link_bw/link_latency and npu_mem, and the hardware's peak_tflops/mem_bw" + hint)
+
+
 @dataclass
 class TimeSeries:
     """Buckets of ``interval_ns``: tokens per bucket, and the last-seen queue/KV state."""
@@ -194,6 +217,8 @@ class TimeSeries:
 
     def _extend_to(self, b: int) -> None:
         """Buckets up to ``b``: no tokens, the last-seen state carried over."""
+        if b >= MAX_SERIES_BUCKETS:
+            raise series_overflow(b * self.interval_ns, self.interval_ns)
         while len(self.prompt) <= b:
             self.prompt.append(0)
             self.gen.append(0)
