@@ -289,9 +289,10 @@ class RunResult:
 
     def request_rows(self) -> list[tuple]:
         """One tuple per request in REQUEST_COLUMNS order, sorted by request id. A time a
-        request never reached (refused at arrival, or still running when the simulation
-        stopped) is None, and so is every latency measured to it: an empty field in the
-        CSV, NaN in a DataFrame, never ``-1 - arrival``."""
+        request never reached (refused at arrival, still running when the simulation
+        stopped, or a session turn never sent after an earlier one was refused) is None,
+        and so is every latency measured to it: an empty field in the CSV, NaN in a
+        DataFrame, never ``-1 - arrival``."""
         rows = []
         for r in self.requests:
             first, last, arrival = r.first_token_ns, r.last_token_ns, r.arrival_ns
@@ -302,7 +303,8 @@ class RunResult:
             else:
                 tpot = latency = None
             queueing = r.first_scheduled_ns - arrival if r.first_scheduled_ns >= 0 else None
-            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, arrival,
+            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index,
+                         arrival if arrival >= 0 else None,  # a session turn never sent
                          first if first >= 0 else None, last if last >= 0 else None,
                          r.input_len, r.num_output, ttft, tpot, latency, queueing,
                          r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns,

@@ -93,3 +93,17 @@ def test_unfinished_request_has_no_latency_and_library_summary_keeps_nan(tmp_pat
     assert res.summary["num_finished"] == 0
     # in memory the statistics stay floats (NaN), as library callers compute with them
     assert res.summary["ttft_ms"]["mean"] != res.summary["ttft_ms"]["mean"]
+
+
+def test_session_turns_never_sent_have_no_arrival(tmp_path, capsys):
+    # the second turn is refused (prompt over --max-model-len); vLLM's client gets an
+    # error and the session's third turn is never sent: its arrival was written as -1
+    table, text = _run(tmp_path, [{"session_id": "s", "arrival_time_ns": 0, "sub_requests": [
+        {"input_toks": 100, "output_toks": 4, "tool_duration_ns": 10**8},
+        {"input_toks": 2000, "output_toks": 4, "tool_duration_ns": 10**8},
+        {"input_toks": 300, "output_toks": 4}]}], "--max-model-len", "1000")
+    first, refused, unsent = table
+    assert int(first["arrival_ns"]) == 0 and int(refused["arrival_ns"]) > 0
+    assert unsent["arrival_ns"] == "" and unsent["ttft_ns"] == ""
+    s = _strict_json(text)
+    assert s["num_finished"] == 1 and s["rejected_requests"] == 2
