@@ -187,16 +187,22 @@ def _percentile_at(at, n: int, q: float) -> float:
 MAX_SERIES_BUCKETS = 10_000_000
 
 
+def _approx(n: int) -> str:
+    """``n`` to 4 significant digits, also past a float's range (a clock of 1e400 ns)."""
+    return f"{n:.4g}" if n < 10**300 else f"{int(str(n)[:2]) / 10:.1f}e+{len(str(n)) - 1}"
+
+
 def series_overflow(t_ns: int, interval_ns: int) -> InputError:
     """The error for a simulated clock past the time series' rows: the cluster is so slow
     that serving the workload takes months of simulated time."""
     need = t_ns // (MAX_SERIES_BUCKETS * 10**9) + 1  # whole seconds a row
     rows = t_ns // interval_ns + 1
-    rows_text = f"{rows:,}" if rows < 10**12 else f"{float(rows):.3g}"
+    rows_text = f"{rows:,}" if rows < 10**12 else _approx(rows)
     # (--timeseries-interval-s allows up to 1e9 s a row)
     hint = f" (or give --timeseries-interval-s {need} or more)" if need <= 10**9 else ""
     return InputError(
-        f"the simulated clock reached {t_ns / 1e9:.4g} s ({t_ns / 86400e9:.4g} days): the "
+        f"the simulated clock reached {_approx(t_ns // 10**9)} s "
+        f"({_approx(t_ns // 86400_000_000_000)} days): the "
         f"time series would need {rows_text} rows of {interval_ns / 1e9:g} s; allowed: at "
         f"most {MAX_SERIES_BUCKETS:,}. No real run is that slow: check the cluster's "
         "link_bw/link_latency and npu_mem, and the hardware's peak_tflops/mem_bw" + hint)
