@@ -351,8 +351,11 @@ def _check_result_flags(args) -> None:
                          f"{', '.join(METRIC_LABELS)}")
     _percentiles(args.metric_percentiles)
     if args.save_result:
-        from sim.paths import check_output_file
+        from sim.paths import check_distinct_paths, check_output_file
 
+        if args.dataset_path:
+            check_distinct_paths([("--result-dir/--result-filename", _result_path(args))],
+                                 [("--dataset-path", args.dataset_path)])
         check_output_file(_result_path(args), "--result-dir/--result-filename")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
 from sim.options import add_cli_flags
-from sim.paths import check_output_file, writable_dir
+from sim.paths import check_distinct_paths, check_output_file, writable_dir
 
 
 def _add_run(sub) -> None:
@@ -55,14 +55,21 @@ def _check_run_flags(args) -> None:
         raise InputError(f"--timeseries-interval-s must be a positive number of seconds in "
                          f"0.001..1e9, got {iv}")
     check_engine_flags(args)
+    out = Path(args.output)
+    defaults = {flag: Path(str(out.with_suffix("")) + suffix)
+                for suffix, flag in ((".summary.json", "--summary"),
+                                     (".timeseries.csv", "--timeseries"))}
+    check_distinct_paths(
+        [("--output", out), ("--summary", args.summary or defaults["--summary"]),
+         ("--timeseries", args.timeseries or defaults["--timeseries"])],
+        [("--cluster", args.cluster), ("--dataset", args.dataset)])
     out = check_output_file(args.output, "--output")
     if args.summary:
         check_output_file(args.summary, "--summary")
     if args.timeseries:
         check_output_file(args.timeseries, "--timeseries")
-    for suffix, flag in ((".summary.json", "--summary"), (".timeseries.csv", "--timeseries")):
-        default = Path(str(out.with_suffix("")) + suffix)
-        if default.is_dir():
+    for flag, default in defaults.items():
+        if getattr(args, flag[2:]) is None and default.is_dir():
             raise InputError(f"{flag} (default {str(default)!r}) is a folder; give {flag}")
 
 
