@@ -338,7 +338,12 @@ class SimOptions:
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in str(v).split(".")[:3])
+    """``"0.19.0"`` as ``(0, 19, 0)`` (parts past the third, like ``dev1``, ignored); a
+    part that is not plain digits (``-1``, ``+0``, `` 0``) is a ValueError."""
+    parts = str(v).split(".")[:3]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(v)
+    return tuple(int(p) for p in parts)
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))

@@ -32,3 +32,19 @@ def test_profiles_list_one_tp_still_works(capsys):
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("meta-llama/Llama-3.1-8B ")]
     assert rows and all(ln.split()[2] == "2" for ln in rows), out
+
+
+@pytest.mark.parametrize("version", ["-1.2", "0.-19", "+0.19", " 0.19"])
+def test_vllm_version_with_a_sign_or_space_is_refused(version, capsys):
+    # int() read "-1" and "+0" as numbers: --vllm-version -1.2 ran as vLLM "(-1, 2)"
+    import sim
+
+    with pytest.raises(sim.InputError, match="vllm_version must look like 0.19.0"):
+        sim.SimOptions(vllm_version=version).validate()
+
+
+def test_vllm_version_forms_still_accepted():
+    import sim
+
+    for v in ("0.19.0", "0.10", "1", "0.19.0.dev1"):
+        sim.SimOptions(vllm_version=v).validate()
