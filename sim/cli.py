@@ -84,6 +84,25 @@ def _check_instance_limits(cluster, opts) -> None:
             raise InputError(f"{cluster.source}: instance {inst.instance_id}: {why}")
 
 
+def _context_warnings(cluster, opts) -> list[str]:
+    """vLLM 0.19's start-up refusal of a --max-model-len past the model's position limit
+    (``_get_and_verify_max_len``, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), as a warning:
+    the simulation goes on, as it does for a cache too small for one request."""
+    from sim.validate import instance_model
+
+    out = []
+    for inst in cluster.instances:
+        o = opts.for_instance(inst.overrides)
+        model = instance_model(inst, o)
+        limit = model.max_position_embeddings
+        if o.max_model_len and limit and o.max_model_len > limit:
+            out.append(f"instance {inst.instance_id}: warning: vLLM would refuse to start: "
+                       f"max_model_len={o.max_model_len:,} is more than "
+                       f"{model.name}'s max_position_embeddings={limit:,} (vLLM allows "
+                       "it only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    return out
+
+
 def _mean_p99(stats: dict, digits: int) -> str:
     """``mean X ms p99 Y`` of a summary statistic, or ``n/a`` where it has no values (no
     request finished; TPOT when every output is one token)."""
@@ -128,6 +147,8 @@ def _run(args) -> int:
                 line += (f"\n  warning: vLLM would refuse to start: the cache holds less than "
                          f"one request of max_model_len={kv['max_model_len']:,} tokens; pass "
                          f"--max-model-len at most {kv['kv_tokens']:,}")
+        print(line)
+    for line in _context_warnings(cluster, opts):
         print(line)
     notes = sorted(set((s.get("latency_note") or {}).values()))
     if notes:

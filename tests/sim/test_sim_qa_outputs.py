@@ -107,3 +107,21 @@ def test_session_turns_never_sent_have_no_arrival(tmp_path, capsys):
     assert unsent["arrival_ns"] == "" and unsent["ttft_ns"] == ""
     s = _strict_json(text)
     assert s["num_finished"] == 1 and s["rejected_requests"] == 2
+
+
+def test_max_model_len_past_the_model_context_warns(tmp_path, capsys):
+    # vLLM 0.19 refuses to start ("User-specified max_model_len (200000) is greater than
+    # the derived max_model_len (max_position_embeddings=131072 ...)") unless
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; the run went on without a word about it
+    _run(tmp_path, [{"input_toks": 50, "output_toks": 3, "arrival_time_ns": 0}],
+         "--max-model-len", "200000")
+    out = capsys.readouterr().out
+    assert "warning: vLLM would refuse to start: max_model_len=200,000 is more than " \
+           "meta-llama/Llama-3.1-8B's max_position_embeddings=131,072" in out, out
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in out
+
+
+def test_max_model_len_within_the_context_does_not_warn(tmp_path, capsys):
+    _run(tmp_path, [{"input_toks": 50, "output_toks": 3, "arrival_time_ns": 0}],
+         "--max-model-len", "131072")
+    assert "max_position_embeddings" not in capsys.readouterr().out
