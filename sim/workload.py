@@ -137,8 +137,34 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+#: the fields of a flat request, which a session line carries in its sub_requests
+_FLAT_FIELDS = ("input_toks", "output_toks", "input_tok_ids", "output_tok_ids")
+
+
+def _session_id(obj: dict, lineno: int, where: str, seen: dict[str, int]) -> str:
+    """A session line's id (a string or an integer, read as text; default
+    ``session-<line>``), used by no earlier line: the summary's per-session statistics
+    group the turns by it."""
+    both = [k for k in _FLAT_FIELDS if k in obj]
+    if both:
+        raise InputError(f"field {both[0]!r} beside 'sub_requests': a line is a flat request "
+                         "or a session (its turns in sub_requests), not both", source=where)
+    raw = obj.get("session_id")
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, (str, int))):
+        raise InputError(f"field 'session_id' must be a string or an integer, got {raw!r}",
+                         source=where)
+    sid = f"session-{lineno}" if raw is None else str(raw)
+    if sid in seen:
+        raise InputError(f"session_id {sid!r} is also the session of line {seen[sid]}; each "
+                         "session needs its own id (its turns all in one line's "
+                         "sub_requests)", source=where)
+    seen[sid] = lineno
+    return sid
+
+
 def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) -> Workload:
     requests: list[Request] = []
+    sessions: dict[str, int] = {}  # session id -> its line
     rid = 0
     for lineno, line in enumerate(lines, start=1):
         if limit is not None and len(requests) >= limit:
@@ -166,7 +192,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
             subs = obj["sub_requests"]
             if not isinstance(subs, list) or not subs:
                 raise InputError("field 'sub_requests' must be a non-empty list", source=where)
-            sid = str(obj.get("session_id", f"session-{lineno}"))
+            sid = _session_id(obj, lineno, where, sessions)
             prev = None
             for k, sub in enumerate(subs):
                 sw = f"{where}: sub_requests[{k}]"
