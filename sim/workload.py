@@ -71,7 +71,9 @@ _MAX_INT = 2**63 - 1
 MAX_LEN = 2**31 - 1
 
 
-def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0) -> int:
+def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0,
+               signed: bool = False) -> int:
+    """``obj[key]`` as an int in [0, 2**63) (``signed``: in [-2**63, 2**63))."""
     if key not in obj or obj[key] is None:
         if required:
             raise InputError(f"missing field {key!r}", source=where)
@@ -80,7 +82,9 @@ def _int_field(obj: dict, key: str, where: str, *, required: bool = True, defaul
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or int(v) != v:
         raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
-    if v < 0:
+    if signed and v < -_MAX_INT - 1:
+        raise InputError(f"field {key!r} must be >= -2**63, got {v!r}", source=where)
+    if v < 0 and not signed:
         raise InputError(f"field {key!r} must be >= 0, got {v!r}", source=where)
     if v > _MAX_INT:
         raise InputError(f"field {key!r} must be < 2**63, got {v!r}", source=where)
@@ -128,8 +132,9 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
                   output_ids=_ids(obj, "output_tok_ids", n_out, where, may_hold_bools),
                   session_id=session_id, sub_index=sub_index,
                   tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
-    # vLLM's request priority (lower runs first) for --scheduling-policy priority.
-    req.priority = _int_field(obj, "priority", where, required=False)
+    # vLLM's request priority (lower runs first; any int, negative too) for
+    # --scheduling-policy priority.
+    req.priority = _int_field(obj, "priority", where, required=False, signed=True)
     return req
 
 

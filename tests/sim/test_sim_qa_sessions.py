@@ -40,3 +40,26 @@ def test_distinct_sessions_still_load():
                             '{"sub_requests": [{"input_toks": 2, "output_toks": 2}]}\n',
                             '{"input_toks": 3, "output_toks": 1}\n'], source="w.jsonl")
     assert sorted(r.session_id or "-" for r in wl.requests) == ["-", "7", "a", "session-3"]
+
+
+def test_negative_priority_runs_first_as_in_vllm(tmp_path):
+    # vLLM's priority is any int (lower runs first); -5 was refused ("must be >= 0")
+    from pathlib import Path
+
+    lines = ['{"input_toks": 40, "output_toks": 4, "priority": 0}\n',
+             '{"input_toks": 40, "output_toks": 4, "priority": -5}\n',
+             '{"input_toks": 40, "output_toks": 4, "priority": 3}\n']
+    wl = parse_jsonl_lines(lines, source="w.jsonl")
+    assert sorted(r.priority for r in wl.requests) == [-5, 0, 3]
+    cluster = sim.load_cluster(Path(__file__).resolve().parents[2] / "../shared/data/"
+                               "llmservingsim-configs/cluster/single_node_single_instance.json")
+    res = sim.simulate(cluster, wl, sim.SimOptions(scheduling_policy="priority", max_num_seqs=1,
+                                                   latency_provider="roofline"))
+    first = {r.priority: r.first_token_ns for r in res.requests}
+    assert first[-5] < first[0] < first[3], first
+
+
+@pytest.mark.parametrize("value", ["-9223372036854775809", "1e30", "\"high\""])
+def test_priority_out_of_int64_still_refused(value):
+    with pytest.raises(sim.InputError, match="'priority'"):
+        parse_jsonl_lines(['{"input_toks": 4, "output_toks": 1, "priority": %s}\n' % value])
