@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT, as `dse`
+        print(f"llmsim: interrupted during `llmsim {args.cmd}`", file=sys.stderr)
+        return 130
     except MemoryError:  # an input that asks for more than this machine has
         print(f"llmsim: error: out of memory running `llmsim {args.cmd}`: the input asks "
               "for more than this machine holds (fewer requests, shorter sequences or a "

@@ -72,3 +72,23 @@ def test_distinct_paths_still_run(d, capsys):
                  "--output", str(d / "o.csv"), "--summary", str(d / "s.json"),
                  "--timeseries", str(d / "t.csv")]) == 0
     assert (d / "o.csv").read_text().startswith("request_id,")
+
+
+def _interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("cmd", ["run", "bench"])
+def test_ctrl_c_is_one_line_and_exit_130(d, capsys, monkeypatch, cmd):
+    # Ctrl-C in a long `llmsim run` printed a KeyboardInterrupt traceback
+    import sim
+
+    monkeypatch.setattr(sim, "simulate", _interrupted)
+    argv = (["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"),
+             "--output", str(d / "o.csv")] if cmd == "run" else
+            ["bench", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "RTXPRO6000",
+             "--latency-provider", "roofline", "--num-prompts", "2"])
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"llmsim: interrupted during `llmsim {cmd}`", err
+    assert not (d / "o.csv").exists()
