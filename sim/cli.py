@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -318,6 +319,24 @@ def _profile(args) -> int:
     return 0
 
 
+def _os_error(exc: OSError) -> int:
+    where = f"{exc.filename}: " if exc.filename else ""
+    print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has left (poll reports an error on it)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmsim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -346,10 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except BrokenPipeError as exc:
+        if not _stdout_gone():  # another pipe (an astra-sim process's): as any OSError
+            return _os_error(exc)
+        # the reader of stdout left (`| head`), after the files were written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer the pipe stopped
     except OSError as exc:  # a file that changed under us after the checks
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+        return _os_error(exc)
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT, as `dse`
         print(f"llmsim: interrupted during `llmsim {args.cmd}`", file=sys.stderr)
         return 130

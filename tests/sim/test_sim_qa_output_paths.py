@@ -92,3 +92,23 @@ def test_ctrl_c_is_one_line_and_exit_130(d, capsys, monkeypatch, cmd):
     err = capsys.readouterr().err.strip()
     assert err == f"llmsim: interrupted during `llmsim {cmd}`", err
     assert not (d / "o.csv").exists()
+
+
+def test_stdout_closed_early_is_not_an_error(d):
+    # `llmsim run ... | head -1`: the reader leaves after the first line; the run printed
+    # 'llmsim: error: Broken pipe' and exited 2, though every file was written
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "astra-sim")]))
+    cmd = [sys.executable, "-m", "sim", "run", "--cluster", str(d / "c.json"), "--dataset",
+           str(d / "w.jsonl"), "--output", str(d / "o.csv")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # a reader that is gone before the first line
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=120)
+    assert "error" not in err, err
+    assert rc == 141, (rc, err)
+    assert (d / "o.csv").read_text().startswith("request_id,")
+    assert (d / "o.summary.json").is_file()
