@@ -168,6 +168,31 @@ def _stderr_kept_on_success():
                 sys.stderr.write(tmp.read().decode(errors="replace"))
 
 
+#: the logger of Ray's notice that a new local cluster turned token authentication on
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropAuthNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" notice (logged on
+    every local start when RAY_AUTH_MODE is unset); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+@contextlib.contextmanager
+def _quiet_local_auth_notice():
+    """For the local Ray this tool starts itself: auth stays as Ray sets it (token mode),
+    only its notice is kept from the user's console."""
+    logger = logging.getLogger(_AUTH_LOGGER)
+    notice = _DropAuthNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None,
              connect_timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """Start local Ray (or join ``address``/RAY_ADDRESS). Returns True if we started it."""
@@ -179,7 +204,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None,
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                           "log_to_driver": False}
     if not address:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kw)
+        with _quiet_local_auth_notice():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kw)
         return True
     if address != "auto":
         _probe_address(address, connect_timeout)
