@@ -262,6 +262,8 @@ class RayPool:
         self._actors: list[Any] = []  # placed and alive
         self._queue: dict[Any, deque] = {}  # actor -> its submitted refs, in order
         self._starting: dict[Any, Any] = {}  # where() ref -> actor, not placed yet
+        #: warm() ref of a replacement actor -> (actor, when it began); it heads its queue
+        self._warming: dict[Any, tuple[Any, float]] = {}
         self._running: dict[Any, tuple[Any, _Job]] = {}  # ref -> (actor, job)
         self._pending: deque[_Job] = deque()
         self._space_ref = None
@@ -368,6 +370,7 @@ class RayPool:
             except Exception as exc:  # noqa: BLE001 - already gone
                 log.debug("kill: %s", exc)
         self._actors, self._queue, self._running, self._starting = [], {}, {}, {}
+        self._warming = {}
         if self._started_ray:
             ray.shutdown()
 
@@ -417,13 +420,33 @@ class RayPool:
             actor = self._starting.pop(ref)
             try:
                 ray.get(ref, timeout=10)
-                self._add_actor(actor)
             except Exception as exc:  # noqa: BLE001 - died before it was placed: try again
                 log.debug("replacement actor failed to start: %s", exc)
                 self._replace_actor()
+                continue
+            self._add_actor(actor)
+            if self.warmup:  # the warm-up the first actors ran, ahead of its first trial
+                warm = actor.warm.remote(self.warmup)
+                self._queue[actor].append(warm)
+                self._warming[warm] = (actor, time.monotonic())
+
+    def _end_warm_ups(self) -> None:
+        """A replacement actor's warm-up that ended (or ran past WARMUP_TIMEOUT_S: then its
+        trials queue behind it, as at the start) hands the actor to its first trial."""
+        import ray
+
+        if not self._warming:
+            return
+        ready, _ = ray.wait(list(self._warming), num_returns=len(self._warming), timeout=0)
+        now = time.monotonic()
+        for ref, (actor, t0) in list(self._warming.items()):
+            if ref in ready or now - t0 > WARMUP_TIMEOUT_S:
+                del self._warming[ref]
+                self._done_on(actor, ref)  # (a dead actor fails its trials' own refs)
 
     def _dispatch(self) -> None:
         self._adopt_started()
+        self._end_warm_ups()
         while self._pending:
             open_ = [a for a in self._actors if len(self._queue[a]) < self.depth]
             if not open_:
