@@ -84,6 +84,9 @@ def load_checked(path: str, backend: str | None = None):
     if backend is not None:
         space = dataclasses.replace(space, simulator={**space.simulator, "backend": backend})
     check_space_cluster(space)
+    from dse.sampling import refuse_empty_space
+
+    refuse_empty_space(space)
     return space
 
 
