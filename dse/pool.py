@@ -489,7 +489,8 @@ class RayPool:
 
     def _collect(self, ref, out: list[TrialResult]) -> None:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, WorkerCrashedError
+        from ray.exceptions import (GetTimeoutError, NodeDiedError, OutOfMemoryError,
+                                    RayActorError, WorkerCrashedError)
 
         actor, job = self._running.pop(ref)
         try:
@@ -497,8 +498,12 @@ class RayPool:
             res.attempts = job.attempt
             out.append(res)
             self._done_on(actor, ref)
-        except (RayActorError, WorkerCrashedError) as exc:
-            self._on_death(actor, job, f"worker died: {type(exc).__name__}", out)
+        except (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError) as exc:
+            # (Ray's memory monitor killing the worker, or its node gone, is a crash too)
+            why = f"worker died: {type(exc).__name__}"
+            if isinstance(exc, (OutOfMemoryError, NodeDiedError)):
+                why += f" ({(str(exc).strip().splitlines() or [''])[0][:200]})"
+            self._on_death(actor, job, why, out)
         except GetTimeoutError:
             self._on_death(actor, job, "worker did not return its result", out)
         except Exception as exc:  # noqa: BLE001 - a bug in evaluate(): fail the trial
