@@ -155,6 +155,19 @@ class Driver:
         self._latency: dict[int, dict] = {}
 
     # ---------------------------------------------------------------- setup
+    def _other_space(self, meta: dict) -> str:
+        """Why ``--out`` cannot take this space: it holds the study of another one (or of
+        this file as it was before an edit)."""
+        given = Path(self.space.path)
+        stored = meta.get("space_path")
+        was = (f"the study there was made from {stored} as it was (digest "
+               f"{meta.get('space_digest')}), and that file changed since (digest now "
+               f"{self.space.digest})" if stored == str(given.resolve()) else
+               f"holds the study of {stored} (digest {meta.get('space_digest')}), not of "
+               f"{given} (digest {self.space.digest})")
+        return (f"{self.out}: {was}; its space is kept in {self.out / SPACE_COPY}; rerun "
+                "with --fresh to start over, or choose another --out")
+
     def _prepare_dir(self) -> dict:
         check_out_dir(self.out)
         if self.fresh:
@@ -167,10 +180,7 @@ class Driver:
         meta = read_meta(self.out)
         if meta:
             if meta.get("space_digest") != self.space.digest:
-                raise InputError(
-                    f"{self.out}: holds a study of a different search space "
-                    f"({meta.get('space_path')}, digest {meta.get('space_digest')}); "
-                    "rerun with --fresh to start over, or choose another --out")
+                raise InputError(self._other_space(meta))
             if meta.get("seed") != self.seed:
                 raise InputError(f"{self.out}: the study there used seed {meta.get('seed')}, "
                                  f"not {self.seed}; rerun with --fresh or the same --seed")
