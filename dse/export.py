@@ -246,6 +246,23 @@ def max_model_len_for(space: Space, cfg: TrialConfig, workload=None) -> tuple[in
                      "more than fit: the server refuses those over it.", why]
 
 
+def _not_in_vllm(space: Space, cfg: TrialConfig) -> list[str]:
+    """Comment lines for what was simulated but vLLM cannot run: a modelled (non-GPU)
+    device of the hardware catalogue, PIM attention and its sub-batch interleaving."""
+    hw = cfg.params["hardware"]
+    info = space.hw_info.get(hw)
+    notes = []
+    if info is not None and info.kind != "gpu":
+        notes.append(f"# {hw} is a modelled device ({info.vendor}), not one vLLM runs on: "
+                     "these commands carry the serving settings only.")
+    mode = cfg.params.get("pim_mode", "off")
+    if mode != "off":
+        sbi = " with sub-batch interleaving" if cfg.params.get("sub_batch_interleaving") else ""
+        notes.append(f"# The simulated pim_mode {mode}{sbi} (attention on PIM) has no vLLM "
+                     "flag: it is not in these commands.")
+    return notes
+
+
 def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any],
                   workload=None) -> str:
     """The whole ``serve.sh`` of one configuration (``workload``: the simulated one,
@@ -262,6 +279,7 @@ def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any],
         if width != int(cfg.params["ep"]):
             head.append(f"# vLLM shards experts over all tp x dp = {width} GPUs of a server "
                         f"with --enable-expert-parallel; the simulated ep was {cfg.params['ep']}.")
+    head += _not_in_vllm(space, cfg)
     max_model_len, notes = max_model_len_for(space, cfg, workload)
     head += notes
     body = serve_lines(space, cfg, max_model_len)
