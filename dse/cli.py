@@ -162,9 +162,13 @@ def cmd_search(a) -> int:
                     deterministic=a.deterministic, seed=a.seed,
                     progress=not a.no_progress, console=console)
     res = driver.run()
+    now = res.complete - res.complete_before
+    where = (f"in {res.wall_s:.1f}s (nothing left to run: no workers started)"
+             if res.nothing_to_run else f"in {res.wall_s:.1f}s on {res.pool}")
     print(f"{res.complete} trials simulated ({res.feasible} feasible, "
-          f"{res.complete - res.feasible} outside the SLOs), {res.failed} failed, "
-          f"in {res.wall_s:.1f}s on {res.pool}"
+          f"{res.complete - res.feasible} outside the SLOs)"
+          + (f", {now} of them in this run" if res.resumed else "")
+          + f", {res.failed} failed, {where}"
           + _uncounted_draws(res.rejected, res.repeats)
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
              else ""))

@@ -105,6 +105,10 @@ class SearchSummary:
     pool: str = ""
     #: where the seconds went (see :meth:`Driver.timing_lines`)
     timings: dict[str, float] = field(default_factory=dict)
+    #: COMPLETE trials the study held before this run (a resumed study)
+    complete_before: int = 0
+    #: the study already held n_trials COMPLETE trials: no worker was started
+    nothing_to_run: bool = False
 
 
 class Driver:
@@ -510,7 +514,9 @@ class Driver:
         with self._meta_lock:
             self._save_meta(meta)
         self._load_counts(study)
-        if self.complete >= self.n_trials and self.pool is None:
+        complete_before = self.complete
+        nothing_to_run = self.complete >= self.n_trials and self.pool is None
+        if nothing_to_run:
             from dse.pool import LocalPool
 
             self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
@@ -544,7 +550,7 @@ class Driver:
                              self._pareto_count, time.perf_counter() - t_start,
                              self.tracker.seconds, self.resumed, self.requeued, self.repeats,
                              f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind,
-                             dict(tm))
+                             dict(tm), complete_before, nothing_to_run)
 
     def timing_lines(self) -> list[str]:
         """Where the seconds went, for the end of ``dse search``."""
