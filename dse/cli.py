@@ -199,12 +199,15 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     from rich.console import Console
     from rich.table import Table
 
+    from dse.store import STUDY_JSON, read_meta
+
     path = out / ("trials.csv" if show_all else "pareto.csv")
+    meta = read_meta(out)
+    if not meta:
+        raise InputError(f"{out}: not a dse search folder (no {STUDY_JSON}); run `dse search "
+                         "SPACE.yaml --out DIR` first")
     if not path.exists():
         raise InputError(f"{out}: no {path.name}; run `dse search` (or `dse report {out}`)")
-    from dse.store import read_meta
-
-    meta = read_meta(out)
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
