@@ -294,13 +294,12 @@ def cmd_ui(a) -> int:
               f"{runs_url(uri, meta.get('experiment_id', '0'))}")
         return 0
     _check_port_free(a.host, a.port)
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
-           uri, "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    cmd = _mlflow_ui_cmd(uri, a.host, a.port)
     url = runs_url(f"http://{a.host}:{a.port}", meta.get("experiment_id", "0"))
     print(f"MLflow UI for {out}: {url}  (starting; it takes ~20 s to come up; Ctrl-C stops it)",
           flush=True)
-    proc = subprocess.Popen(cmd)
+    # its own process group: the server's workers and job consumers stop with it
+    proc = subprocess.Popen(cmd, start_new_session=True)
 
     def _stop(*_):
         raise KeyboardInterrupt
@@ -309,9 +308,36 @@ def cmd_ui(a) -> int:
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+        _stop_group(proc)
         return 0
+
+
+#: seconds the MLflow UI's process group has to stop after SIGTERM before it is killed
+UI_STOP_GRACE_S = 10.0
+
+
+def _mlflow_ui_cmd(uri: str, host: str, port: int) -> list[str]:
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    return [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
+            uri, "--host", host, "--port", str(port), "--workers", "1"]
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the UI's process group, SIGKILL to what is left after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=UI_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the server is gone: its workers and job consumers go with their group
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return
 
 
 def main(argv: list[str] | None = None) -> int:
