@@ -170,6 +170,8 @@ def cmd_search(a) -> int:
           + (f", {now} of them in this run" if res.resumed else "")
           + f", {res.failed} failed, {where}"
           + _uncounted_draws(res.rejected, res.repeats)
+          + (f"; n_trials {res.capped[0]} capped at the {res.capped[1]} distinct "
+             "configuration(s) of the space" if res.capped else "")
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
              else ""))
     for line in driver.timing_lines():

@@ -109,6 +109,8 @@ class SearchSummary:
     complete_before: int = 0
     #: the study already held n_trials COMPLETE trials: no worker was started
     nothing_to_run: bool = False
+    #: (n_trials asked for, the cap) when the space has fewer distinct configurations
+    capped: tuple[int, int] | None = None
 
 
 class Driver:
@@ -122,6 +124,8 @@ class Driver:
         self.seed = space.search.seed if seed is None else seed
         self.deterministic = deterministic
         self.n_trials = n_trials or space.search.n_trials
+        #: the budget asked for, before the cap at the space's distinct configurations
+        self.n_trials_asked = self.n_trials
         distinct = _distinct_configurations(space)
         if distinct is not None:  # repeats and rejected draws are not counted: at most
             # every configuration that passes the pre-simulation check
@@ -550,7 +554,9 @@ class Driver:
                              self._pareto_count, time.perf_counter() - t_start,
                              self.tracker.seconds, self.resumed, self.requeued, self.repeats,
                              f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind,
-                             dict(tm), complete_before, nothing_to_run)
+                             dict(tm), complete_before, nothing_to_run,
+                             (self.n_trials_asked, self.n_trials)
+                             if self.n_trials < self.n_trials_asked else None)
 
     def timing_lines(self) -> list[str]:
         """Where the seconds went, for the end of ``dse search``."""
