@@ -30,6 +30,7 @@ from dse.sampling import enqueue_initial_design, feasible_set, make_sampler, sam
 from dse.space import Space, load_space
 from dse.store import (
     JOURNAL,
+    MLFLOW_DB,
     SPACE_COPY,
     SPOOL,
     STUDY_FILES,
@@ -185,6 +186,7 @@ class Driver:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
+            _forget_mlflow_stores(self.out / MLFLOW_DB)
         meta = read_meta(self.out)
         if meta:
             if meta.get("space_digest") != self.space.digest:
@@ -783,6 +785,27 @@ class Driver:
             calls = writer.tracker.calls if writer.tracker is not None else {}
             for k, v in calls.items():
                 tm[f"mlflow_{k}"] = v
+
+
+def _forget_mlflow_stores(db: Path) -> None:
+    """Drop what MLflow keeps per URI in this process for the deleted ``db``: after
+    ``--fresh`` deleted ``mlflow.db``, a cached store or SQLAlchemy engine would still
+    write to the deleted file (sqlite: "attempt to write a readonly database") when a
+    study is rerun in the same process."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        return
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        with SqlAlchemyStore._engine_map_lock:
+            for uri in [u for u in SqlAlchemyStore._engine_map if u.endswith(str(db))]:
+                SqlAlchemyStore._engine_map.pop(uri).dispose()
+    except (ImportError, AttributeError) as exc:  # another MLflow: nothing cached that way
+        log.debug("mlflow store cache: %s", exc)
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:
