@@ -271,9 +271,15 @@ def validation_text(providers: list[str], hardware: tuple[str, ...]) -> str:
                             "validated" if off else ""))
         else:
             notes.append("roofline: uncalibrated datasheet roofline, not validated")
-    if any(p != "roofline" for p in providers):
-        notes.append("end-to-end error of measured profiles: `make validate` "
-                     "(experiments/validate_vllm.py) against a real vLLM run")
+    for p in providers:
+        if p == "measured":
+            notes.append("measured: end-to-end error of measured profiles: `make validate` "
+                         "(experiments/validate_vllm.py) against a real vLLM run")
+        elif p == "aic":
+            notes.append("aic: aiconfigurator-core's per-operation database (its own kernel "
+                         "measurements), not validated end to end against vLLM here")
+        elif p != "roofline":
+            notes.append(f"{p}: no validation record")
     return "; ".join(notes) or "n/a"
 
 
