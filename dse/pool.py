@@ -269,6 +269,7 @@ class RayPool:
         self._space_ref = None
         self._actor_cls = None
         self._cpu0: dict[Any, float] = {}
+        self._unplaced: list[Any] = []  # actors of start() not yet waited for
         self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -276,6 +277,9 @@ class RayPool:
         import ray
 
         t0 = time.perf_counter()
+        # (set before: an interrupt inside Ray's start-up still shuts down what it started)
+        self._started_ray = not ray.is_initialized() and not (
+            self.address or os.environ.get("RAY_ADDRESS"))
         self._started_ray = init_ray(self.address)
         self.timings["ray_init_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -288,6 +292,7 @@ class RayPool:
                                      concurrency_groups={self.CONTROL: 1})(SimWorker)
         self._space_ref = ray.put(self.space)
         actors = [self._actor_cls.remote(self._space_ref) for _ in range(self.size)]
+        self._unplaced = actors  # killed by shutdown() if the start is interrupted here
         _, not_ready = ray.wait([self._control(a, "pid") for a in actors],
                                 num_returns=len(actors), timeout=START_TIMEOUT_S)
         if not_ready:
@@ -297,6 +302,7 @@ class RayPool:
                                f"within {START_TIMEOUT_S:.0f}s")
         for a in actors:
             self._add_actor(a)
+        self._unplaced = []
         self.timings["actors_s"] = time.perf_counter() - t1
         self._warm_up()
         self._cpu0 = self._actor_cpu()
@@ -364,15 +370,18 @@ class RayPool:
     def shutdown(self) -> None:
         import ray
 
-        for a in self._actors + list(self._starting.values()):
+        for a in self._actors + list(self._starting.values()) + self._unplaced:
             try:
                 ray.kill(a)
             except Exception as exc:  # noqa: BLE001 - already gone
                 log.debug("kill: %s", exc)
         self._actors, self._queue, self._running, self._starting = [], {}, {}, {}
-        self._warming = {}
+        self._warming, self._unplaced = {}, []
         if self._started_ray:
-            ray.shutdown()
+            try:
+                ray.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a start-up cut short: nothing to stop
+                log.debug("ray shutdown: %s", exc)
 
     # ---------------------------------------------------------------- work
     @property

@@ -276,18 +276,23 @@ class Driver:
             study.enqueue_trial(grid[int(i)])
 
     def _start_pool(self):
+        """Start ``self.pool`` (made here unless given); it is ``self.pool`` while it
+        starts, so an interrupted start is shut down with it."""
         if self.pool is not None:
-            return self.pool.start() if hasattr(self.pool, "start") and not getattr(
-                self.pool, "size", 0) else self.pool
+            if hasattr(self.pool, "start") and not getattr(self.pool, "size", 0):
+                self.pool = self.pool.start() or self.pool
+            return self.pool
         from dse.pool import LocalPool, RayPool, warmup_tasks
 
         if self.workers == 0:
-            return LocalPool(self.space).start()
-        pool = RayPool(self.space, self.workers or None, address=self.ray_address,
-                       trial_timeout_s=self.space.search.trial_timeout_s,
-                       warmup=warmup_tasks(self.space)).start()
-        self.timings.update(pool.timings)
-        return pool
+            self.pool = LocalPool(self.space)
+            return self.pool.start()
+        self.pool = RayPool(self.space, self.workers or None, address=self.ray_address,
+                            trial_timeout_s=self.space.search.trial_timeout_s,
+                            warmup=warmup_tasks(self.space))
+        self.pool.start()
+        self.timings.update(self.pool.timings)
+        return self.pool
 
     # ---------------------------------------------------------------- trials
     def _task(self, cfg) -> dict:
@@ -526,24 +531,26 @@ class Driver:
             from dse.pool import LocalPool
 
             self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
-        t = time.perf_counter()
+        t = t_ready = time.perf_counter()
         tm["setup_s"] = t - t_start
-        self.pool = self._start_pool()
-        t_ready = time.perf_counter()
-        tm["pool_start_s"] = t_ready - t
         cpu0, main0 = time.process_time(), time.thread_time()
         status = "FINISHED"
-        try:
+        try:  # the workers' start-up too: an interrupt there is cleaned up as in the loop
+            self._start_pool()
+            t_ready = time.perf_counter()
+            tm["pool_start_s"] = t_ready - t
+            cpu0, main0 = time.process_time(), time.thread_time()
             self._loop(study)
-        except KeyboardInterrupt:
-            status = "KILLED"
+        except BaseException as exc:
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
             raise
         finally:
             t = time.perf_counter()
             tm["loop_s"] = t - t_ready
-            if hasattr(self.pool, "cpu_seconds"):
+            if hasattr(self.pool, "cpu_seconds") and "pool_start_s" in tm:
                 tm["worker_cpu_s"] = self.pool.cpu_seconds()
-            self.pool.shutdown()
+            if self.pool is not None:
+                self.pool.shutdown()
             tm["pool_shutdown_s"] = time.perf_counter() - t
             self._finish(study, status, time.perf_counter() - t_start)
             tm["search_s"] = time.perf_counter() - t_ready - tm["pool_shutdown_s"]
