@@ -32,6 +32,7 @@ LABELS = {
     "avg_power": ("Average power", "W"),
     "ttft_ms.p99": ("p99 TTFT", "ms"), "tpot_ms.p99": ("p99 TPOT", "ms"),
     "attainment": ("SLO attainment", "fraction of requests"),
+    "repeats": ("trials of this configuration", ""),
 }
 FEASIBLE, PARETO, VIOLATES = "#1f77b4", "#d62728", "#b0b0b0"
 _STYLE = """<style>

@@ -22,3 +22,11 @@ def test_measured_keeps_its_validation():
 def test_each_provider_used_is_named():
     text = validation_text(["aic", "measured", "roofline"], ("H100-SXM",))
     assert text.count("; ") >= 2 and "roofline:" in text and "aic:" in text, text
+
+
+def test_pareto_table_names_the_trial_count_plainly():
+    """The front's ``repeats`` column counts the trials that evaluated the configuration
+    (1: evaluated once); its header read "repeats", so 1 read as "repeated once"."""
+    from dse.report_html import label
+
+    assert label("repeats") == "trials of this configuration"
