@@ -9,6 +9,8 @@ hold the workload's longest request) and the export of a configuration as the eq
 
 from __future__ import annotations
 
+import functools
+
 import json
 import shlex
 from dataclasses import dataclass
@@ -201,18 +203,28 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
         return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg
 
 
+@functools.lru_cache(maxsize=1)
+def _providers():
+    """sim's latency-provider registry, its modules imported once."""
+    from sim.latency.base import load_providers
+
+    return load_providers()
+
+
 def provider_refusal(cluster, opts) -> str | None:
     """Why the latency provider the space names (not ``auto``, which falls back) cannot
     answer for an instance, from the provider's own coverage check (no build), or None:
     the simulation would stop at building it (a measured bundle without this hardware,
     model precision or tp)."""
-    from sim.latency.base import load_providers
     from sim.validate import instance_model
 
-    registry = load_providers()
+    registry = None
     for inst in cluster.instances:
         o = opts.for_instance(inst.overrides)
-        if o.latency_provider == "auto" or o.latency_provider not in registry:
+        if o.latency_provider == "auto":
+            continue
+        registry = registry or _providers()
+        if o.latency_provider not in registry:
             continue
         model = instance_model(inst, o)
         why = registry.get(o.latency_provider).covers(model, inst.hardware, inst.tp_size,
