@@ -228,7 +228,8 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     from dse.space import KNOB_ORDER
     knobs = [c for c in KNOB_ORDER if c in df.columns
              and (df[c].nunique() > 1 or c in ("tp", "replicas"))]
-    cols = ["trial", *objs, *knobs, "devices_used", "attainment", "ttft_ms.p99", "tpot_ms.p99"]
+    cols = ["trial", *objs, *knobs, "devices_used", "capacity_rps", "attainment", "ttft_ms.p99",
+            "tpot_ms.p99"]
     if "p99_ttft" in objs:
         cols.remove("ttft_ms.p99")
     if "p99_tpot" in objs:
@@ -260,7 +261,8 @@ _SHORT = {"throughput_per_device": "tok/s/dev", "goodput_per_device": "good tok/
           "max_num_seqs": "max seqs", "max_num_batched_tokens": "batch tokens",
           "long_prefill_token_threshold": "long prefill", "enable_prefix_caching": "prefix cache",
           "enable_chunked_prefill": "chunked", "routing_policy": "routing",
-          "ttft_ms.p99": "p99 TTFT ms", "tpot_ms.p99": "p99 TPOT ms"}
+          "ttft_ms.p99": "p99 TTFT ms", "tpot_ms.p99": "p99 TPOT ms",
+          "capacity_rps": "capacity req/s"}
 
 
 def cmd_show(a) -> int:

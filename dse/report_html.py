@@ -33,6 +33,7 @@ LABELS = {
     "ttft_ms.p99": ("p99 TTFT", "ms"), "tpot_ms.p99": ("p99 TPOT", "ms"),
     "attainment": ("SLO attainment", "fraction of requests"),
     "repeats": ("trials of this configuration", ""),
+    "capacity_rps": ("Capacity (highest rate meeting the SLOs)", "req/s"),
 }
 FEASIBLE, PARETO, VIOLATES = "#1f77b4", "#d62728", "#b0b0b0"
 _STYLE = """<style>
@@ -209,7 +210,8 @@ def knob_figure(space: Space, done: pd.DataFrame):
 def _table(space: Space, front: pd.DataFrame, exported: dict) -> str:
     names = [o.name for o in space.objectives]
     arrow = {"maximize": " ↑", "minimize": " ↓"}
-    cols = ["trial", *names, *space.searched_knobs, "devices_used", "ttft_ms.p99",
+    cols = ["trial", *names, *space.searched_knobs, "devices_used", "capacity_rps",
+            "ttft_ms.p99",
             "tpot_ms.p99", "attainment", "repeats"]
     cols = [c for c in dict.fromkeys(cols) if c in front.columns]
     dirs = {o.name: o.direction for o in space.objectives}

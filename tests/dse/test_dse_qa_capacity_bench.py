@@ -37,3 +37,21 @@ def test_capacity_search_benches_at_the_capacity(tmp_path):
         assert any("capacity" in ln for ln in lines if ln.startswith("#")), lines
         serve = (out / "best" / f"{stem}.serve.sh").read_text()
         assert f"at {row['capacity_rps']:g} req/s" in serve, serve.splitlines()[:4]
+
+
+def test_capacity_shows_in_the_pareto_tables(tmp_path, capsys):
+    """The capacity a capacity search found is its main result: the report's Pareto table
+    and ``dse show`` list it (before, neither had the column)."""
+    space = load_space(write_space(
+        tmp_path, workload=WORKLOAD, knobs={"tp": [1, 2], "replicas": [1]},
+        capacity={"enabled": True, "start_rate": 5, "max_rate": 400, "tolerance": 0.1,
+                  "max_probes": 8},
+        search={"sampler": "grid", "n_trials": 2, "seed": 0}))
+    out = tmp_path / "out"
+    Driver(space, out, workers=0, progress=False).run()
+    html = (out / "report.html").read_text()
+    assert "Capacity (highest rate meeting the SLOs) (req/s)" in html
+    from dse.cli import main
+
+    assert main(["show", str(out)]) == 0
+    assert "capacity req/s" in capsys.readouterr().out
