@@ -36,6 +36,7 @@ from dse.store import (
     STUDY_FILES,
     STUDY_JSON,
     StudyLock,
+    check_not_foreign,
     check_out_dir,
     check_study_there,
     default_tracking_uri,
@@ -179,6 +180,7 @@ class Driver:
 
     def _prepare_dir(self) -> dict:
         check_out_dir(self.out)
+        check_not_foreign(self.out)
         if self.fresh:
             for name in STUDY_FILES:
                 p = self.out / name
