@@ -180,7 +180,7 @@ class Driver:
 
     def _prepare_dir(self) -> dict:
         check_out_dir(self.out)
-        check_not_foreign(self.out)
+        check_not_foreign(self.out, Path(self.space.path))
         if self.fresh:
             for name in STUDY_FILES:
                 p = self.out / name

@@ -43,3 +43,15 @@ def test_out_with_unrelated_files_is_fine(tmp_path, capsys):
     assert main(args) == 0
     assert main(args) == 0  # its own study: resumed
     assert "resumed" in capsys.readouterr().out
+
+
+def test_out_holding_the_space_file_itself(tmp_path, capsys):
+    """``dse search DIR/space.yaml --out DIR``: the space file is the study's own copy."""
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({**BASE_SPACE, "workload": WORKLOAD,
+                                     "knobs": {"tp": [1]},
+                                     "search": {"sampler": "grid", "n_trials": 1, "seed": 0}}))
+    text = space.read_text()
+    assert main(["search", str(space), "--out", str(tmp_path), "--workers", "0",
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert space.read_text() == text
