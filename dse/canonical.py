@@ -49,7 +49,8 @@ def entry_instances(space: Space, params: dict) -> int:
 
 def inert_knobs(space: Space, params: dict[str, Any]) -> set[str]:
     """The knobs of (completed) ``params`` that cannot change the simulated result: the
-    router's policy with one entry instance, the PD ratio without PD, ``dp`` on a dense model,
+    router's policy with one entry instance, the PD ratio without PD, ``dp`` on a dense model
+    or with one replica, the all-to-all backend without a DP group of two or more,
     lower prefix tiers without prefix caching, a shared tier with one instance per node,
     sub-batch interleaving without PIM or with pipeline stages."""
     p = params
@@ -58,8 +59,11 @@ def inert_knobs(space: Space, params: dict[str, Any]) -> set[str]:
         inert.add("routing_policy")
     if effective_split(space, p) is None:
         inert.add("pd_ratio")
-    if not space.is_moe:
+    replicas = _replicas(space, p)
+    if not space.is_moe or replicas <= 1:
         inert.add("dp")
+    if "dp" in inert or min(int(p.get("dp", 1)), replicas) <= 1:
+        inert.add("all2all_backend")  # no DP group of two or more: nothing is exchanged
     if not p.get("enable_prefix_caching", True):
         inert.add("prefix_tier")
     per_instance = int(p["tp"]) * int(p["pp"])
@@ -89,6 +93,8 @@ def canonical_params(space: Space, params: dict[str, Any]) -> dict[str, Any]:
         p["routing_policy"] = KNOB_DEFAULTS["routing_policy"]
     # DP groups are consecutive replicas; only MoE instances step together in them.
     p["dp"] = 1 if "dp" in inert else min(int(p.get("dp", 1)), p["replicas"])
+    if "all2all_backend" in inert:
+        p["all2all_backend"] = KNOB_DEFAULTS["all2all_backend"]
     if "prefix_tier" in inert:
         p["prefix_tier"] = KNOB_DEFAULTS["prefix_tier"]
     if "prefix_sharing" in inert:

@@ -84,6 +84,9 @@ def load_checked(path: str, backend: str | None = None):
     if backend is not None:
         space = dataclasses.replace(space, simulator={**space.simulator, "backend": backend})
     check_space_cluster(space)
+    from dse.sampling import refuse_empty_space
+
+    refuse_empty_space(space)
     return space
 
 
@@ -159,10 +162,16 @@ def cmd_search(a) -> int:
                     deterministic=a.deterministic, seed=a.seed,
                     progress=not a.no_progress, console=console)
     res = driver.run()
+    now = res.complete - res.complete_before
+    where = (f"in {res.wall_s:.1f}s (nothing left to run: no workers started)"
+             if res.nothing_to_run else f"in {res.wall_s:.1f}s on {res.pool}")
     print(f"{res.complete} trials simulated ({res.feasible} feasible, "
-          f"{res.complete - res.feasible} outside the SLOs), {res.failed} failed, "
-          f"in {res.wall_s:.1f}s on {res.pool}"
+          f"{res.complete - res.feasible} outside the SLOs)"
+          + (f", {now} of them in this run" if res.resumed else "")
+          + f", {res.failed} failed, {where}"
           + _uncounted_draws(res.rejected, res.repeats)
+          + (f"; n_trials {res.capped[0]} capped at the {res.capped[1]} distinct "
+             "configuration(s) of the space" if res.capped else "")
           + (f"; resumed, {res.requeued} interrupted trial(s) re-enqueued" if res.resumed
              else ""))
     for line in driver.timing_lines():
@@ -192,12 +201,15 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     from rich.console import Console
     from rich.table import Table
 
+    from dse.store import STUDY_JSON, read_meta
+
     path = out / ("trials.csv" if show_all else "pareto.csv")
+    meta = read_meta(out)
+    if not meta:
+        raise InputError(f"{out}: not a dse search folder (no {STUDY_JSON}); run `dse search "
+                         "SPACE.yaml --out DIR` first")
     if not path.exists():
         raise InputError(f"{out}: no {path.name}; run `dse search` (or `dse report {out}`)")
-    from dse.store import read_meta
-
-    meta = read_meta(out)
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -216,7 +228,8 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     from dse.space import KNOB_ORDER
     knobs = [c for c in KNOB_ORDER if c in df.columns
              and (df[c].nunique() > 1 or c in ("tp", "replicas"))]
-    cols = ["trial", *objs, *knobs, "devices_used", "attainment", "ttft_ms.p99", "tpot_ms.p99"]
+    cols = ["trial", *objs, *knobs, "devices_used", "capacity_rps", "attainment", "ttft_ms.p99",
+            "tpot_ms.p99"]
     if "p99_ttft" in objs:
         cols.remove("ttft_ms.p99")
     if "p99_tpot" in objs:
@@ -248,7 +261,8 @@ _SHORT = {"throughput_per_device": "tok/s/dev", "goodput_per_device": "good tok/
           "max_num_seqs": "max seqs", "max_num_batched_tokens": "batch tokens",
           "long_prefill_token_threshold": "long prefill", "enable_prefix_caching": "prefix cache",
           "enable_chunked_prefill": "chunked", "routing_policy": "routing",
-          "ttft_ms.p99": "p99 TTFT ms", "tpot_ms.p99": "p99 TPOT ms"}
+          "ttft_ms.p99": "p99 TTFT ms", "tpot_ms.p99": "p99 TPOT ms",
+          "capacity_rps": "capacity req/s"}
 
 
 def cmd_show(a) -> int:
@@ -284,13 +298,12 @@ def cmd_ui(a) -> int:
               f"{runs_url(uri, meta.get('experiment_id', '0'))}")
         return 0
     _check_port_free(a.host, a.port)
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
-           uri, "--host", a.host, "--port", str(a.port), "--workers", "1"]
+    cmd = _mlflow_ui_cmd(uri, a.host, a.port)
     url = runs_url(f"http://{a.host}:{a.port}", meta.get("experiment_id", "0"))
     print(f"MLflow UI for {out}: {url}  (starting; it takes ~20 s to come up; Ctrl-C stops it)",
           flush=True)
-    proc = subprocess.Popen(cmd)
+    # its own process group: the server's workers and job consumers stop with it
+    proc = subprocess.Popen(cmd, start_new_session=True)
 
     def _stop(*_):
         raise KeyboardInterrupt
@@ -299,9 +312,36 @@ def cmd_ui(a) -> int:
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+        _stop_group(proc)
         return 0
+
+
+#: seconds the MLflow UI's process group has to stop after SIGTERM before it is killed
+UI_STOP_GRACE_S = 10.0
+
+
+def _mlflow_ui_cmd(uri: str, host: str, port: int) -> list[str]:
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    return [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "ui", "--backend-store-uri",
+            uri, "--host", host, "--port", str(port), "--workers", "1"]
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the UI's process group, SIGKILL to what is left after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=UI_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the server is gone: its workers and job consumers go with their group
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,8 +371,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
         print("dse: interrupted; rerun the same command to resume", file=sys.stderr)
+        if argv is None and "ray" in sys.modules:
+            _exit_now(130)
         return 130
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """End the command-line process without the interpreter's final clean-up. The study is
+    closed by then (journal synced, MLflow run closed, workers shut down), but a Ray
+    interrupted in a call of its own can crash in that clean-up: about one Ctrl-C in
+    eight during the workers' start-up ended in a segmentation fault (exit 139)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ hold the workload's longest request) and the export of a configuration as the eq
 
 from __future__ import annotations
 
+import functools
+
 import json
 import shlex
 from dataclasses import dataclass
@@ -194,10 +196,43 @@ def precheck(space: Space, cfg: TrialConfig) -> str | None:
 
         cluster, opts = sim_inputs(cfg)
         sim.validate_cluster(cluster, opts)
-        return longest_request_refusal(space, sim.kv_capacity(cluster, opts))
+        return (provider_refusal(cluster, opts)
+                or longest_request_refusal(space, sim.kv_capacity(cluster, opts)))
     except InputError as exc:
         msg = str(exc)
         return msg.split(": ", 1)[1] if msg.startswith(f"trial {cfg.number}: ") else msg
+
+
+@functools.lru_cache(maxsize=1)
+def _providers():
+    """sim's latency-provider registry, its modules imported once."""
+    from sim.latency.base import load_providers
+
+    return load_providers()
+
+
+def provider_refusal(cluster, opts) -> str | None:
+    """Why the latency provider the space names (not ``auto``, which falls back) cannot
+    answer for an instance, from the provider's own coverage check (no build), or None:
+    the simulation would stop at building it (a measured bundle without this hardware,
+    model precision or tp)."""
+    from sim.validate import instance_model
+
+    registry = None
+    for inst in cluster.instances:
+        o = opts.for_instance(inst.overrides)
+        if o.latency_provider == "auto":
+            continue
+        registry = registry or _providers()
+        if o.latency_provider not in registry:
+            continue
+        model = instance_model(inst, o)
+        why = registry.get(o.latency_provider).covers(model, inst.hardware, inst.tp_size,
+                                                       o.profiles_dirs)
+        if why:
+            return (f"the {o.latency_provider} latency provider does not cover "
+                    f"{model.name} on {inst.hardware} tp={inst.tp_size}: {why}")
+    return None
 
 
 def longest_request_refusal(space: Space, capacities) -> str | None:

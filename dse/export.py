@@ -157,9 +157,11 @@ def bench_longest(workload) -> int:
     return math.ceil(in_len * (1 + r)) + math.ceil(out_len * (1 + r))
 
 
-def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
+def bench_command(space: Space, base_url: str, workload=None,
+                  rate: float | None = None) -> list[str]:
     """``vllm bench serve`` offering the space's workload: the same request count, rate and
-    arrival burstiness, and random prompts over the same length ranges."""
+    arrival burstiness, and random prompts over the same length ranges. ``rate``: the
+    configuration's capacity a capacity search found (its runs are at that rate)."""
     wl = space.workload
     if workload is None:
         workload = space_workload(space)
@@ -176,8 +178,11 @@ def bench_command(space: Space, base_url: str, workload=None) -> list[str]:
         args += ["--max-concurrency", str(workload.closed_loop_clients)]
     elif wl["kind"] == "generate":
         burst = 1.0 if spec.get("arrival", "poisson") == "poisson" else 1.0 / spec.get("cv", 1) ** 2
-        args += ["--request-rate", f"{float(spec.get('rate', 10.0)):g}",
-                 "--burstiness", f"{burst:g}"]
+        offered = float(spec.get("rate", 10.0)) if rate is None else rate
+        args += ["--request-rate", f"{offered:g}", "--burstiness", f"{burst:g}"]
+        if rate is not None:
+            notes.append(f"# at this configuration's capacity, {rate:g} req/s: the highest "
+                         "rate at which the capacity search found it meeting the SLOs")
     else:
         span_s = (max(r.arrival_ns for r in workload.requests)
                   - min(r.arrival_ns for r in workload.requests)) / 1e9
@@ -246,22 +251,41 @@ def max_model_len_for(space: Space, cfg: TrialConfig, workload=None) -> tuple[in
                      "more than fit: the server refuses those over it.", why]
 
 
+def _not_in_vllm(space: Space, cfg: TrialConfig) -> list[str]:
+    """Comment lines for what was simulated but vLLM cannot run: a modelled (non-GPU)
+    device of the hardware catalogue, PIM attention and its sub-batch interleaving."""
+    hw = cfg.params["hardware"]
+    info = space.hw_info.get(hw)
+    notes = []
+    if info is not None and info.kind != "gpu":
+        notes.append(f"# {hw} is a modelled device ({info.vendor}), not one vLLM runs on: "
+                     "these commands carry the serving settings only.")
+    mode = cfg.params.get("pim_mode", "off")
+    if mode != "off":
+        sbi = " with sub-batch interleaving" if cfg.params.get("sub_batch_interleaving") else ""
+        notes.append(f"# The simulated pim_mode {mode}{sbi} (attention on PIM) has no vLLM "
+                     "flag: it is not in these commands.")
+    return notes
+
+
 def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any],
-                  workload=None) -> str:
+                  workload=None, rate: float | None = None) -> str:
     """The whole ``serve.sh`` of one configuration (``workload``: the simulated one,
-    default the space's)."""
+    default the space's; ``rate``: the capacity its objectives were simulated at)."""
     s = cfg.summary
     srv = servers(space, cfg)
     head = ["#!/bin/sh", f"# {space.name}: trial {cfg.number}, {served_model(space)} on "
             f"{cfg.devices_used} x {s['hardware']} ({s['num_nodes']} node(s), "
             f"{len(srv)} vLLM server(s)).",
-            "# Simulated: " + ", ".join(f"{k} {v:.4g}" for k, v in objectives.items()) + ".",
+            "# Simulated: " + ", ".join(f"{k} {v:.4g}" for k, v in objectives.items())
+            + (f", at {rate:g} req/s (its capacity)." if rate is not None else "."),
             "# Set NODE<i>_HOST to each node's address when it spans several nodes."]
     if space.is_moe and int(cfg.params.get("ep", 1)) > 1:
         width = int(cfg.params["tp"]) * max(s.dp for s in srv)
         if width != int(cfg.params["ep"]):
             head.append(f"# vLLM shards experts over all tp x dp = {width} GPUs of a server "
                         f"with --enable-expert-parallel; the simulated ep was {cfg.params['ep']}.")
+    head += _not_in_vllm(space, cfg)
     max_model_len, notes = max_model_len_for(space, cfg, workload)
     head += notes
     body = serve_lines(space, cfg, max_model_len)
@@ -270,14 +294,14 @@ def deploy_script(space: Space, cfg: TrialConfig, objectives: dict[str, Any],
 
 
 def export_config(space: Space, cfg: TrialConfig, objectives: dict[str, Any], best_dir: Path,
-                  workload=None) -> dict[str, str]:
+                  workload=None, rate: float | None = None) -> dict[str, str]:
     """Write one configuration's files; returns the commands shown in the report."""
     stem = f"trial_{cfg.number:04d}"
     (best_dir / f"{stem}.cluster.json").write_text(json.dumps(cfg.cluster, indent=2) + "\n")
     workload = workload or space_workload(space)
-    serve = deploy_script(space, cfg, objectives, workload)
+    serve = deploy_script(space, cfg, objectives, workload, rate)
     (best_dir / f"{stem}.serve.sh").write_text(serve)
     _, url = entry_lines(space, cfg)
-    bench = bench_command(space, url, workload)
+    bench = bench_command(space, url, workload, rate)
     (best_dir / f"{stem}.bench.sh").write_text("#!/bin/sh\n" + "\n".join(bench) + "\n")
     return {"stem": stem, "serve": serve, "bench": bench[-1], "url": url}

@@ -168,6 +168,31 @@ def _stderr_kept_on_success():
                 sys.stderr.write(tmp.read().decode(errors="replace"))
 
 
+#: the logger of Ray's notice that a new local cluster turned token authentication on
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropAuthNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" notice (logged on
+    every local start when RAY_AUTH_MODE is unset); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+@contextlib.contextmanager
+def _quiet_local_auth_notice():
+    """For the local Ray this tool starts itself: auth stays as Ray sets it (token mode),
+    only its notice is kept from the user's console."""
+    logger = logging.getLogger(_AUTH_LOGGER)
+    notice = _DropAuthNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None,
              connect_timeout: float = CONNECT_TIMEOUT_S) -> bool:
     """Start local Ray (or join ``address``/RAY_ADDRESS). Returns True if we started it."""
@@ -179,7 +204,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None,
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                           "log_to_driver": False}
     if not address:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kw)
+        with _quiet_local_auth_notice():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kw)
         return True
     if address != "auto":
         _probe_address(address, connect_timeout)
@@ -236,11 +262,14 @@ class RayPool:
         self._actors: list[Any] = []  # placed and alive
         self._queue: dict[Any, deque] = {}  # actor -> its submitted refs, in order
         self._starting: dict[Any, Any] = {}  # where() ref -> actor, not placed yet
+        #: warm() ref of a replacement actor -> (actor, when it began); it heads its queue
+        self._warming: dict[Any, tuple[Any, float]] = {}
         self._running: dict[Any, tuple[Any, _Job]] = {}  # ref -> (actor, job)
         self._pending: deque[_Job] = deque()
         self._space_ref = None
         self._actor_cls = None
         self._cpu0: dict[Any, float] = {}
+        self._unplaced: list[Any] = []  # actors of start() not yet waited for
         self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -248,6 +277,9 @@ class RayPool:
         import ray
 
         t0 = time.perf_counter()
+        # (set before: an interrupt inside Ray's start-up still shuts down what it started)
+        self._started_ray = not ray.is_initialized() and not (
+            self.address or os.environ.get("RAY_ADDRESS"))
         self._started_ray = init_ray(self.address)
         self.timings["ray_init_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -260,6 +292,7 @@ class RayPool:
                                      concurrency_groups={self.CONTROL: 1})(SimWorker)
         self._space_ref = ray.put(self.space)
         actors = [self._actor_cls.remote(self._space_ref) for _ in range(self.size)]
+        self._unplaced = actors  # killed by shutdown() if the start is interrupted here
         _, not_ready = ray.wait([self._control(a, "pid") for a in actors],
                                 num_returns=len(actors), timeout=START_TIMEOUT_S)
         if not_ready:
@@ -269,6 +302,7 @@ class RayPool:
                                f"within {START_TIMEOUT_S:.0f}s")
         for a in actors:
             self._add_actor(a)
+        self._unplaced = []
         self.timings["actors_s"] = time.perf_counter() - t1
         self._warm_up()
         self._cpu0 = self._actor_cpu()
@@ -336,14 +370,18 @@ class RayPool:
     def shutdown(self) -> None:
         import ray
 
-        for a in self._actors + list(self._starting.values()):
+        for a in self._actors + list(self._starting.values()) + self._unplaced:
             try:
                 ray.kill(a)
             except Exception as exc:  # noqa: BLE001 - already gone
                 log.debug("kill: %s", exc)
         self._actors, self._queue, self._running, self._starting = [], {}, {}, {}
+        self._warming, self._unplaced = {}, []
         if self._started_ray:
-            ray.shutdown()
+            try:
+                ray.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a start-up cut short: nothing to stop
+                log.debug("ray shutdown: %s", exc)
 
     # ---------------------------------------------------------------- work
     @property
@@ -391,13 +429,33 @@ class RayPool:
             actor = self._starting.pop(ref)
             try:
                 ray.get(ref, timeout=10)
-                self._add_actor(actor)
             except Exception as exc:  # noqa: BLE001 - died before it was placed: try again
                 log.debug("replacement actor failed to start: %s", exc)
                 self._replace_actor()
+                continue
+            self._add_actor(actor)
+            if self.warmup:  # the warm-up the first actors ran, ahead of its first trial
+                warm = actor.warm.remote(self.warmup)
+                self._queue[actor].append(warm)
+                self._warming[warm] = (actor, time.monotonic())
+
+    def _end_warm_ups(self) -> None:
+        """A replacement actor's warm-up that ended (or ran past WARMUP_TIMEOUT_S: then its
+        trials queue behind it, as at the start) hands the actor to its first trial."""
+        import ray
+
+        if not self._warming:
+            return
+        ready, _ = ray.wait(list(self._warming), num_returns=len(self._warming), timeout=0)
+        now = time.monotonic()
+        for ref, (actor, t0) in list(self._warming.items()):
+            if ref in ready or now - t0 > WARMUP_TIMEOUT_S:
+                del self._warming[ref]
+                self._done_on(actor, ref)  # (a dead actor fails its trials' own refs)
 
     def _dispatch(self) -> None:
         self._adopt_started()
+        self._end_warm_ups()
         while self._pending:
             open_ = [a for a in self._actors if len(self._queue[a]) < self.depth]
             if not open_:
@@ -440,7 +498,8 @@ class RayPool:
 
     def _collect(self, ref, out: list[TrialResult]) -> None:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, WorkerCrashedError
+        from ray.exceptions import (GetTimeoutError, NodeDiedError, OutOfMemoryError,
+                                    RayActorError, WorkerCrashedError)
 
         actor, job = self._running.pop(ref)
         try:
@@ -448,8 +507,12 @@ class RayPool:
             res.attempts = job.attempt
             out.append(res)
             self._done_on(actor, ref)
-        except (RayActorError, WorkerCrashedError) as exc:
-            self._on_death(actor, job, f"worker died: {type(exc).__name__}", out)
+        except (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError) as exc:
+            # (Ray's memory monitor killing the worker, or its node gone, is a crash too)
+            why = f"worker died: {type(exc).__name__}"
+            if isinstance(exc, (OutOfMemoryError, NodeDiedError)):
+                why += f" ({(str(exc).strip().splitlines() or [''])[0][:200]})"
+            self._on_death(actor, job, why, out)
         except GetTimeoutError:
             self._on_death(actor, job, "worker did not return its result", out)
         except Exception as exc:  # noqa: BLE001 - a bug in evaluate(): fail the trial

@@ -132,7 +132,9 @@ def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, 
         if workload is None:
             workload = space_workload(space)
         objs = {n: float(row[n]) for n in names}
-        out[cfg.number] = export_config(space, cfg, objs, best_dir, workload)
+        rate = row.get("capacity_rps") if space.capacity.enabled else None
+        rate = float(rate) if rate is not None and not _isnan(rate) else None
+        out[cfg.number] = export_config(space, cfg, objs, best_dir, workload, rate)
         rows.append({"trial": cfg.number, **objs, "config": row["config"],
                      "serve": f"{out[cfg.number]['stem']}.serve.sh",
                      "bench": f"{out[cfg.number]['stem']}.bench.sh",

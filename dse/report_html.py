@@ -32,6 +32,8 @@ LABELS = {
     "avg_power": ("Average power", "W"),
     "ttft_ms.p99": ("p99 TTFT", "ms"), "tpot_ms.p99": ("p99 TPOT", "ms"),
     "attainment": ("SLO attainment", "fraction of requests"),
+    "repeats": ("trials of this configuration", ""),
+    "capacity_rps": ("Capacity (highest rate meeting the SLOs)", "req/s"),
 }
 FEASIBLE, PARETO, VIOLATES = "#1f77b4", "#d62728", "#b0b0b0"
 _STYLE = """<style>
@@ -208,7 +210,8 @@ def knob_figure(space: Space, done: pd.DataFrame):
 def _table(space: Space, front: pd.DataFrame, exported: dict) -> str:
     names = [o.name for o in space.objectives]
     arrow = {"maximize": " ↑", "minimize": " ↓"}
-    cols = ["trial", *names, *space.searched_knobs, "devices_used", "ttft_ms.p99",
+    cols = ["trial", *names, *space.searched_knobs, "devices_used", "capacity_rps",
+            "ttft_ms.p99",
             "tpot_ms.p99", "attainment", "repeats"]
     cols = [c for c in dict.fromkeys(cols) if c in front.columns]
     dirs = {o.name: o.direction for o in space.objectives}
@@ -271,9 +274,15 @@ def validation_text(providers: list[str], hardware: tuple[str, ...]) -> str:
                             "validated" if off else ""))
         else:
             notes.append("roofline: uncalibrated datasheet roofline, not validated")
-    if any(p != "roofline" for p in providers):
-        notes.append("end-to-end error of measured profiles: `make validate` "
-                     "(experiments/validate_vllm.py) against a real vLLM run")
+    for p in providers:
+        if p == "measured":
+            notes.append("measured: end-to-end error of measured profiles: `make validate` "
+                         "(experiments/validate_vllm.py) against a real vLLM run")
+        elif p == "aic":
+            notes.append("aic: aiconfigurator-core's per-operation database (its own kernel "
+                         "measurements), not validated end to end against vLLM here")
+        elif p != "roofline":
+            notes.append(f"{p}: no validation record")
     return "; ".join(notes) or "n/a"
 
 

@@ -29,7 +29,7 @@ from dse.space import Space
 log = logging.getLogger(__name__)
 
 __all__ = ["DESIGN_ATTR", "covering_size", "design_size", "enqueue_initial_design", "feasible_set",
-           "initial_design", "make_sampler", "resolved_sampler", "sampler_settings"]
+           "initial_design", "refuse_empty_space", "make_sampler", "resolved_sampler", "sampler_settings"]
 
 #: study user attribute set once the initial design is enqueued (value: its size)
 DESIGN_ATTR = "dse.initial_design"
@@ -71,6 +71,30 @@ def feasible_set(space: Space, limit: int = ENUMERATION_LIMIT) -> list[dict] | N
     if space.digest:
         _FEASIBLE_CACHE[ck] = out
     return out
+
+
+def refuse_empty_space(space: Space) -> None:
+    """Raise InputError when the space can be enumerated and the pre-simulation check
+    rejects every configuration of it: one line with the commonest reasons and counts
+    (a search would only draw rejected configurations until it gives up)."""
+    from collections import Counter
+
+    from sim.errors import InputError
+
+    if feasible_set(space) != []:
+        return
+    reasons: Counter[str] = Counter()
+    seen: set[str] = set()
+    for params in space.grid():
+        key = config_key(space, params)
+        if key not in seen:
+            seen.add(key)
+            reasons[precheck(space, make_trial_config(space, 0, params)) or "?"] += 1
+    n = len(seen)
+    top = "; ".join(f"{why} ({k} of {n})" for why, k in reasons.most_common(2))
+    more = f"; and {len(reasons) - 2} other reason(s)" if len(reasons) > 2 else ""
+    raise InputError(f"{space.path}: every one of the {n} configuration(s) is rejected "
+                     f"before simulation, nothing to search: {top}{more}")
 
 
 def resolved_sampler(space: Space) -> str:

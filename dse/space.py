@@ -364,8 +364,13 @@ class Space:
         return self.complete(params)
 
     def complete(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Fill absent knobs with their defaults (hardware from the space)."""
+        """Fill absent knobs: the space's fixed knobs (one value: Optuna records only the
+        searched ones) where they apply, then the defaults (hardware from the space)."""
         out = dict(params)
+        for name in KNOB_ORDER:
+            dom = self.knobs.get(name)
+            if dom is not None and dom.fixed and name not in out and self.active(name, out):
+                out[name] = dom.values[0]
         out.setdefault("hardware", self.hardware[0])
         for k, v in KNOB_DEFAULTS.items():
             if k in ("pd_ratio",):

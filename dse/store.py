@@ -51,6 +51,25 @@ def check_out_dir(out: Path, flag: str = "--out") -> Path:
     return writable_dir(out, flag, " for the study")
 
 
+#: names a study writes that a folder of the user's may hold files of (a study of ours
+#: is known by its study.json or journal)
+_USER_NAMES = (SPACE_COPY, MLFLOW_DB, ARTIFACTS, "trials.csv", "pareto.csv", "report.html",
+               "best")
+
+
+def check_not_foreign(out: Path, space_file: Path | None = None, flag: str = "--out") -> None:
+    """Refuse a folder that holds no study but has files a study would overwrite (or
+    --fresh delete): they are the user's (``space_file`` itself, the search's own space
+    kept there as space.yaml, is not copied over)."""
+    if (out / STUDY_JSON).exists() or (out / JOURNAL).exists():
+        return
+    own = space_file is not None and (out / SPACE_COPY).resolve() == Path(space_file).resolve()
+    clash = [n for n in _USER_NAMES if (out / n).exists() and not (own and n == SPACE_COPY)]
+    if clash:
+        raise InputError(f"{flag} {str(out)!r} holds no dse study but has {', '.join(clash)}, "
+                         "which a study writes: choose a new or empty folder, or move them")
+
+
 def read_meta(out: Path) -> dict:
     """``study.json`` of a folder ({} when there is none), or InputError when unreadable."""
     p = out / STUDY_JSON

@@ -30,11 +30,13 @@ from dse.sampling import enqueue_initial_design, feasible_set, make_sampler, sam
 from dse.space import Space, load_space
 from dse.store import (
     JOURNAL,
+    MLFLOW_DB,
     SPACE_COPY,
     SPOOL,
     STUDY_FILES,
     STUDY_JSON,
     StudyLock,
+    check_not_foreign,
     check_out_dir,
     check_study_there,
     default_tracking_uri,
@@ -105,6 +107,12 @@ class SearchSummary:
     pool: str = ""
     #: where the seconds went (see :meth:`Driver.timing_lines`)
     timings: dict[str, float] = field(default_factory=dict)
+    #: COMPLETE trials the study held before this run (a resumed study)
+    complete_before: int = 0
+    #: the study already held n_trials COMPLETE trials: no worker was started
+    nothing_to_run: bool = False
+    #: (n_trials asked for, the cap) when the space has fewer distinct configurations
+    capped: tuple[int, int] | None = None
 
 
 class Driver:
@@ -118,6 +126,8 @@ class Driver:
         self.seed = space.search.seed if seed is None else seed
         self.deterministic = deterministic
         self.n_trials = n_trials or space.search.n_trials
+        #: the budget asked for, before the cap at the space's distinct configurations
+        self.n_trials_asked = self.n_trials
         distinct = _distinct_configurations(space)
         if distinct is not None:  # repeats and rejected draws are not counted: at most
             # every configuration that passes the pre-simulation check
@@ -155,8 +165,22 @@ class Driver:
         self._latency: dict[int, dict] = {}
 
     # ---------------------------------------------------------------- setup
+    def _other_space(self, meta: dict) -> str:
+        """Why ``--out`` cannot take this space: it holds the study of another one (or of
+        this file as it was before an edit)."""
+        given = Path(self.space.path)
+        stored = meta.get("space_path")
+        was = (f"the study there was made from {stored} as it was (digest "
+               f"{meta.get('space_digest')}), and that file changed since (digest now "
+               f"{self.space.digest})" if stored == str(given.resolve()) else
+               f"holds the study of {stored} (digest {meta.get('space_digest')}), not of "
+               f"{given} (digest {self.space.digest})")
+        return (f"{self.out}: {was}; its space is kept in {self.out / SPACE_COPY}; rerun "
+                "with --fresh to start over, or choose another --out")
+
     def _prepare_dir(self) -> dict:
         check_out_dir(self.out)
+        check_not_foreign(self.out, Path(self.space.path))
         if self.fresh:
             for name in STUDY_FILES:
                 p = self.out / name
@@ -164,13 +188,11 @@ class Driver:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
+            _forget_mlflow_stores(self.out / MLFLOW_DB)
         meta = read_meta(self.out)
         if meta:
             if meta.get("space_digest") != self.space.digest:
-                raise InputError(
-                    f"{self.out}: holds a study of a different search space "
-                    f"({meta.get('space_path')}, digest {meta.get('space_digest')}); "
-                    "rerun with --fresh to start over, or choose another --out")
+                raise InputError(self._other_space(meta))
             if meta.get("seed") != self.seed:
                 raise InputError(f"{self.out}: the study there used seed {meta.get('seed')}, "
                                  f"not {self.seed}; rerun with --fresh or the same --seed")
@@ -256,18 +278,23 @@ class Driver:
             study.enqueue_trial(grid[int(i)])
 
     def _start_pool(self):
+        """Start ``self.pool`` (made here unless given); it is ``self.pool`` while it
+        starts, so an interrupted start is shut down with it."""
         if self.pool is not None:
-            return self.pool.start() if hasattr(self.pool, "start") and not getattr(
-                self.pool, "size", 0) else self.pool
+            if hasattr(self.pool, "start") and not getattr(self.pool, "size", 0):
+                self.pool = self.pool.start() or self.pool
+            return self.pool
         from dse.pool import LocalPool, RayPool, warmup_tasks
 
         if self.workers == 0:
-            return LocalPool(self.space).start()
-        pool = RayPool(self.space, self.workers or None, address=self.ray_address,
-                       trial_timeout_s=self.space.search.trial_timeout_s,
-                       warmup=warmup_tasks(self.space)).start()
-        self.timings.update(pool.timings)
-        return pool
+            self.pool = LocalPool(self.space)
+            return self.pool.start()
+        self.pool = RayPool(self.space, self.workers or None, address=self.ray_address,
+                            trial_timeout_s=self.space.search.trial_timeout_s,
+                            warmup=warmup_tasks(self.space))
+        self.pool.start()
+        self.timings.update(self.pool.timings)
+        return self.pool
 
     # ---------------------------------------------------------------- trials
     def _task(self, cfg) -> dict:
@@ -500,28 +527,32 @@ class Driver:
         with self._meta_lock:
             self._save_meta(meta)
         self._load_counts(study)
-        if self.complete >= self.n_trials and self.pool is None:
+        complete_before = self.complete
+        nothing_to_run = self.complete >= self.n_trials and self.pool is None
+        if nothing_to_run:
             from dse.pool import LocalPool
 
             self.pool = LocalPool(self.space)  # nothing to run: no need to start Ray
-        t = time.perf_counter()
+        t = t_ready = time.perf_counter()
         tm["setup_s"] = t - t_start
-        self.pool = self._start_pool()
-        t_ready = time.perf_counter()
-        tm["pool_start_s"] = t_ready - t
         cpu0, main0 = time.process_time(), time.thread_time()
         status = "FINISHED"
-        try:
+        try:  # the workers' start-up too: an interrupt there is cleaned up as in the loop
+            self._start_pool()
+            t_ready = time.perf_counter()
+            tm["pool_start_s"] = t_ready - t
+            cpu0, main0 = time.process_time(), time.thread_time()
             self._loop(study)
-        except KeyboardInterrupt:
-            status = "KILLED"
+        except BaseException as exc:
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
             raise
         finally:
             t = time.perf_counter()
             tm["loop_s"] = t - t_ready
-            if hasattr(self.pool, "cpu_seconds"):
+            if hasattr(self.pool, "cpu_seconds") and "pool_start_s" in tm:
                 tm["worker_cpu_s"] = self.pool.cpu_seconds()
-            self.pool.shutdown()
+            if self.pool is not None:
+                self.pool.shutdown()
             tm["pool_shutdown_s"] = time.perf_counter() - t
             self._finish(study, status, time.perf_counter() - t_start)
             tm["search_s"] = time.perf_counter() - t_ready - tm["pool_shutdown_s"]
@@ -534,7 +565,9 @@ class Driver:
                              self._pareto_count, time.perf_counter() - t_start,
                              self.tracker.seconds, self.resumed, self.requeued, self.repeats,
                              f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind,
-                             dict(tm))
+                             dict(tm), complete_before, nothing_to_run,
+                             (self.n_trials_asked, self.n_trials)
+                             if self.n_trials < self.n_trials_asked else None)
 
     def timing_lines(self) -> list[str]:
         """Where the seconds went, for the end of ``dse search``."""
@@ -761,6 +794,27 @@ class Driver:
             calls = writer.tracker.calls if writer.tracker is not None else {}
             for k, v in calls.items():
                 tm[f"mlflow_{k}"] = v
+
+
+def _forget_mlflow_stores(db: Path) -> None:
+    """Drop what MLflow keeps per URI in this process for the deleted ``db``: after
+    ``--fresh`` deleted ``mlflow.db``, a cached store or SQLAlchemy engine would still
+    write to the deleted file (sqlite: "attempt to write a readonly database") when a
+    study is rerun in the same process."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        return
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        with SqlAlchemyStore._engine_map_lock:
+            for uri in [u for u in SqlAlchemyStore._engine_map if u.endswith(str(db))]:
+                SqlAlchemyStore._engine_map.pop(uri).dispose()
+    except (ImportError, AttributeError) as exc:  # another MLflow: nothing cached that way
+        log.debug("mlflow store cache: %s", exc)
 
 
 def _distinct_configurations(space: Space, limit: int = 100_000) -> int | None:

@@ -247,6 +247,8 @@ class SimWorker:
         self.space = space
         self.workloads = _Workloads()
         self.node = node_identity()
+        #: configurations this worker has warmed up on (see :meth:`warm`)
+        self.warmed = 0
 
     def pid(self) -> int:
         return os.getpid()
@@ -261,7 +263,13 @@ class SimWorker:
 
     def warm(self, tasks: list[dict]) -> dict:
         """See :func:`warm_up` (run before the first trial, in the trials' own group)."""
-        return warm_up(self.space, tasks, self.workloads)
+        out = warm_up(self.space, tasks, self.workloads)
+        self.warmed += out["configs"]
+        return out
+
+    def warmed_configs(self) -> int:
+        """How many configurations this worker has warmed up on so far."""
+        return self.warmed
 
     def run(self, task: dict) -> TrialResult:
         # an actor owns one long-lived astra-sim process unless the space chose inproc

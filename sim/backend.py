@@ -448,11 +448,9 @@ class AstraSubprocessBackend(_GraphBackend):
                 f"--system-configuration={folder / 'system.json'}",
                 f"--remote-memory-configuration={folder / 'memory.json'}"]
         if self.binary:
-            import shutil
+            from sim.paths import check_executable
 
-            if shutil.which(self.binary) is None and not Path(self.binary).is_file():
-                raise InputError(f"--astra-sim-bin {self.binary!r} is not an executable")
-            return [self.binary, *args]
+            return [check_executable(self.binary, "--astra-sim-bin"), *args]
         return [sys.executable, "-m", "astrasim", *args, "--interactive"]
 
     def _proc(self, network, memory: dict, key: str) -> tuple[subprocess.Popen, Path]:
@@ -506,7 +504,11 @@ class AstraSubprocessBackend(_GraphBackend):
                  key: str | None = None) -> list[int]:
         key = key or _key(network, memory)
         for attempt in (1, 2):
-            proc, folder = self._proc(network, memory, key)
+            try:
+                proc, folder = self._proc(network, memory, key)
+            except (OSError, RuntimeError) as exc:
+                self._refuse_binary(exc)
+                raise
             if self._follower is not None:
                 self._follower.follow(proc.pid, overlapping=len(jobs) > 1)
             try:
@@ -517,7 +519,7 @@ class AstraSubprocessBackend(_GraphBackend):
                     self._writer.write(prefix, _graphs_of(job))
                     proc.stdin.write(f"{prefix}\n".encode())
                 replies = [self._read_reply(proc) for _ in jobs]
-            except (OSError, RuntimeError):
+            except (OSError, RuntimeError) as exc:
                 # The process died: start a fresh one and replay these graphs once.
                 proc.kill()
                 proc.wait()
@@ -526,13 +528,28 @@ class AstraSubprocessBackend(_GraphBackend):
                 if self._follower is not None:
                     self._follower.forget(proc.pid)
                 if attempt == 2:
+                    self._refuse_binary(exc)
                     raise
                 continue
             if not all(replies):
-                raise RuntimeError("astra-sim reported no finished NPU for an iteration")
+                exc = RuntimeError("astra-sim reported no finished NPU for an iteration")
+                self._refuse_binary(exc)
+                raise exc
             self.exchanges += len(jobs)
             return [max(c) for c in replies]
         raise AssertionError("unreachable")
+
+    def _refuse_binary(self, exc: Exception) -> None:
+        """Where the process is the user's ``--astra-sim-bin``, its failure ``exc`` is an
+        input error naming it (the project's own astra-sim failing is a bug, left to the
+        caller to re-raise as it is)."""
+        if not self.binary:
+            return
+        why = str(exc).removeprefix("astra-sim ").splitlines()[0] if str(exc) else repr(exc)
+        raise InputError(f"--astra-sim-bin {self.binary!r}: {why}; it must be an astra-sim "
+                         "binary speaking the interactive protocol (LLMServingSim's: a "
+                         "workload prefix per line on stdin, 'sys[N] iteration M finished, "
+                         "C cycles' and 'Waiting' on stdout)") from None
 
     def close(self) -> None:
         import shutil

@@ -283,6 +283,9 @@ def bench_metrics(result, args) -> dict:
         "ttfts": [v / 1e3 for v in per_req["ttft"]],
     }
     itl = result.summary.get("itl_ms") or {}
+    if not any(math.isfinite(v) for v in itl.values()):
+        # no inter-token gap (every output one token): vLLM's np.mean(itls or 0) gives 0
+        itl = {k: 0.0 for k in itl}
     for m in metrics:
         if m == "itl":
             out["mean_itl_ms"] = itl.get("mean")
@@ -348,8 +351,11 @@ def _check_result_flags(args) -> None:
                          f"{', '.join(METRIC_LABELS)}")
     _percentiles(args.metric_percentiles)
     if args.save_result:
-        from sim.paths import check_output_file
+        from sim.paths import check_distinct_paths, check_output_file
 
+        if args.dataset_path:
+            check_distinct_paths([("--result-dir/--result-filename", _result_path(args))],
+                                 [("--dataset-path", args.dataset_path)])
         check_output_file(_result_path(args), "--result-dir/--result-filename")
 
 

@@ -16,12 +16,13 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
 from sim.options import add_cli_flags
-from sim.paths import check_output_file, writable_dir
+from sim.paths import check_distinct_paths, check_output_file, writable_dir
 
 
 def _add_run(sub) -> None:
@@ -55,14 +56,21 @@ def _check_run_flags(args) -> None:
         raise InputError(f"--timeseries-interval-s must be a positive number of seconds in "
                          f"0.001..1e9, got {iv}")
     check_engine_flags(args)
+    out = Path(args.output)
+    defaults = {flag: Path(str(out.with_suffix("")) + suffix)
+                for suffix, flag in ((".summary.json", "--summary"),
+                                     (".timeseries.csv", "--timeseries"))}
+    check_distinct_paths(
+        [("--output", out), ("--summary", args.summary or defaults["--summary"]),
+         ("--timeseries", args.timeseries or defaults["--timeseries"])],
+        [("--cluster", args.cluster), ("--dataset", args.dataset)])
     out = check_output_file(args.output, "--output")
     if args.summary:
         check_output_file(args.summary, "--summary")
     if args.timeseries:
         check_output_file(args.timeseries, "--timeseries")
-    for suffix, flag in ((".summary.json", "--summary"), (".timeseries.csv", "--timeseries")):
-        default = Path(str(out.with_suffix("")) + suffix)
-        if default.is_dir():
+    for flag, default in defaults.items():
+        if getattr(args, flag[2:]) is None and default.is_dir():
             raise InputError(f"{flag} (default {str(default)!r}) is a folder; give {flag}")
 
 
@@ -75,6 +83,33 @@ def _check_instance_limits(cluster, opts) -> None:
         why = vllm_refusal(o.max_num_seqs, o.max_num_batched_tokens, o.block_size)
         if why and inst.overrides:
             raise InputError(f"{cluster.source}: instance {inst.instance_id}: {why}")
+
+
+def _context_warnings(cluster, opts) -> list[str]:
+    """vLLM 0.19's start-up refusal of a --max-model-len past the model's position limit
+    (``_get_and_verify_max_len``, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), as a warning:
+    the simulation goes on, as it does for a cache too small for one request."""
+    from sim.validate import instance_model
+
+    out = []
+    for inst in cluster.instances:
+        o = opts.for_instance(inst.overrides)
+        model = instance_model(inst, o)
+        limit = model.max_position_embeddings
+        if o.max_model_len and limit and o.max_model_len > limit:
+            out.append(f"instance {inst.instance_id}: warning: vLLM would refuse to start: "
+                       f"max_model_len={o.max_model_len:,} is more than "
+                       f"{model.name}'s max_position_embeddings={limit:,} (vLLM allows "
+                       "it only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    return out
+
+
+def _mean_p99(stats: dict, digits: int) -> str:
+    """``mean X ms p99 Y`` of a summary statistic, or ``n/a`` where it has no values (no
+    request finished; TPOT when every output is one token)."""
+    if not math.isfinite(stats["mean"]):
+        return "n/a"
+    return f"mean {stats['mean']:.{digits}f} ms p99 {stats['p99']:.{digits}f}"
 
 
 def _run(args) -> int:
@@ -102,8 +137,7 @@ def _run(args) -> int:
     s = result.summary
     print(f"{s['num_finished']}/{s['num_requests']} requests in {s['simulated_s']:.2f} s simulated "
           f"({s['wall_s']:.2f} s wall) | latency: {s['latency_provider']} | "
-          f"TTFT mean {s['ttft_ms']['mean']:.1f} ms p99 {s['ttft_ms']['p99']:.1f} | "
-          f"TPOT mean {s['tpot_ms']['mean']:.2f} ms p99 {s['tpot_ms']['p99']:.2f} | "
+          f"TTFT {_mean_p99(s['ttft_ms'], 1)} | TPOT {_mean_p99(s['tpot_ms'], 2)} | "
           f"throughput {s['throughput_rps']:.2f} req/s, {s['gen_tps']:.0f} gen tok/s")
     for iid, kv in (s.get("kv_cache") or {}).items():
         line = f"instance {iid}: GPU KV cache size: {kv['kv_tokens']:,} tokens ({kv['num_blocks']} blocks)"
@@ -114,6 +148,8 @@ def _run(args) -> int:
                 line += (f"\n  warning: vLLM would refuse to start: the cache holds less than "
                          f"one request of max_model_len={kv['max_model_len']:,} tokens; pass "
                          f"--max-model-len at most {kv['kv_tokens']:,}")
+        print(line)
+    for line in _context_warnings(cluster, opts):
         print(line)
     notes = sorted(set((s.get("latency_note") or {}).values()))
     if notes:
@@ -135,9 +171,25 @@ def _add_profiles(sub) -> None:
     lp.add_argument("--profiles", action="append", default=[])
 
 
+def _check_profiles_flags(args) -> None:
+    """What ``profiles list`` cannot answer, refused before anything is listed."""
+    from sim.hardware import load_hardware
+    from sim.model import load_model
+    from sim.options import check_profile_dirs
+
+    if args.tp is not None and args.tp < 1:
+        raise InputError(f"--tp must be >= 1, got {args.tp}")
+    check_profile_dirs(args.profiles)
+    if args.hardware:
+        load_hardware(args.hardware, source="--hardware")
+    if args.model:
+        load_model(args.model, source="--model")
+
+
 def _profiles(args) -> int:
     from sim.latency.measured import bundle_search_dirs
 
+    _check_profiles_flags(args)
     found = False
     for d in bundle_search_dirs(args.profiles):
         for meta in sorted(Path(d).glob("*/*/*/*/meta.yaml")):
@@ -165,7 +217,7 @@ def _coverage_matrix(args) -> bool:
 
     hws = [args.hardware] if args.hardware else known_hardware()
     models = [args.model] if args.model else known_models()
-    tps = [args.tp] if args.tp else [1, 2, 4, 8]
+    tps = [args.tp] if args.tp is not None else [1, 2, 4, 8]
     rows = []
     for m in models:
         spec = load_model(m, source="--model")
@@ -267,6 +319,24 @@ def _profile(args) -> int:
     return 0
 
 
+def _os_error(exc: OSError) -> int:
+    where = f"{exc.filename}: " if exc.filename else ""
+    print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has left (poll reports an error on it)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmsim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -295,10 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except BrokenPipeError as exc:
+        if not _stdout_gone():  # another pipe (an astra-sim process's): as any OSError
+            return _os_error(exc)
+        # the reader of stdout left (`| head`), after the files were written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer the pipe stopped
     except OSError as exc:  # a file that changed under us after the checks
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"llmsim: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+        return _os_error(exc)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT, as `dse`
+        print(f"llmsim: interrupted during `llmsim {args.cmd}`", file=sys.stderr)
+        return 130
     except MemoryError:  # an input that asks for more than this machine has
         print(f"llmsim: error: out of memory running `llmsim {args.cmd}`: the input asks "
               "for more than this machine holds (fewer requests, shorter sequences or a "

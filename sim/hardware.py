@@ -8,6 +8,7 @@ profile-bundle folder names (``RTX4090``, ``RTXPRO6000``).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cache
@@ -101,19 +102,58 @@ def _number(d: dict, key: str, source: str) -> float:
     return float(v)
 
 
+#: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
+#: finite and at most _MAX_NUMBER (as in a cluster file: sim.schema.MAX_NUMBER)
+_POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps")
+_NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
+                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB")
+_MAX_NUMBER = 1e15
+
+
+def _bad_number(v: object, positive: bool) -> bool:
+    return (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or v > _MAX_NUMBER or (v <= 0 if positive else v < 0))
+
+
+def _check_fields(d: dict, source: str) -> None:
+    """The name, the numbers, the aliases and peak_tflops of a catalogue entry, each in
+    range (a YAML .nan, .inf or 0 bandwidth failed later as a traceback)."""
+    name = d.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"field 'name' must be a name (a non-empty string), got {name!r}",
+                         source=source)
+    for key in (*_POSITIVE, *_NON_NEGATIVE):
+        v = d.get(key)
+        if v is not None and _bad_number(v, key in _POSITIVE):
+            op = "> 0" if key in _POSITIVE else ">= 0"
+            raise InputError(f"field {key!r} must be a finite number {op} and <= 1e+15, got "
+                             f"{v!r}", source=source)
+    mrb = d.get("mem_reported_bytes")
+    if mrb is not None and (_bad_number(mrb, True) or mrb != int(mrb) or mrb > 1 << 60):
+        raise InputError(f"field 'mem_reported_bytes' must be an integer in 1..2**60 (bytes "
+                         f"CUDA reports), got {mrb!r}", source=source)
+    aliases = d.get("aliases")
+    if aliases is not None and not (isinstance(aliases, list) and all(
+            isinstance(a, (str, int)) and not isinstance(a, bool) for a in aliases)):
+        raise InputError(f"field 'aliases' must be a list of names, got {aliases!r}",
+                         source=source)
+    peak = d["peak_tflops"]
+    if not isinstance(peak, dict) or not peak:
+        raise InputError("field 'peak_tflops' must map dtype -> TFLOPS", source=source)
+    for k, v in peak.items():
+        if _bad_number(v, True):
+            raise InputError(f"field 'peak_tflops.{k}' must be a positive finite number "
+                             f"(TFLOPS) <= 1e+15, got {v!r}", source=source)
+
+
 def _from_mapping(d: object, source: str) -> HardwareSpec:
     if not isinstance(d, dict):
         raise InputError("hardware spec must be a mapping", source=source)
     for key in REQUIRED_FIELDS:
         if key not in d:
             raise InputError(f"hardware spec is missing field {key!r}", source=source)
+    _check_fields(d, source)
     peak = d["peak_tflops"]
-    if not isinstance(peak, dict) or not peak:
-        raise InputError("field 'peak_tflops' must map dtype -> TFLOPS", source=source)
-    for k, v in peak.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise InputError(f"field 'peak_tflops.{k}' must be a positive number, got {v!r}",
-                             source=source)
     if not ({"bf16", "fp16"} & set(peak)):
         raise InputError("field 'peak_tflops' needs a bf16 or fp16 entry", source=source)
     opt = {k: d.get(k) for k in ("clock_GHz", "price_per_hour_usd", "mem_reported_bytes")}

@@ -19,6 +19,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.errors import InputError
 from sim.request import Request
 
 if TYPE_CHECKING:
@@ -179,6 +180,34 @@ def _percentile_at(at, n: int, q: float) -> float:
     return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
+#: time-series rows a run may have (one per ``timeseries_interval_ns`` of simulated time,
+#: idle stretches included): 10 million is 116 days at the default 1 s, ~2 GB to build;
+#: a request at 2**62 ns would have taken hours (arrivals are checked against it before
+#: the run, sim.validate.check_span; the clock itself while it runs, TimeSeries)
+MAX_SERIES_BUCKETS = 10_000_000
+
+
+def _approx(n: int) -> str:
+    """``n`` to 4 significant digits, also past a float's range (a clock of 1e400 ns)."""
+    return f"{n:.4g}" if n < 10**300 else f"{int(str(n)[:2]) / 10:.1f}e+{len(str(n)) - 1}"
+
+
+def series_overflow(t_ns: int, interval_ns: int) -> InputError:
+    """The error for a simulated clock past the time series' rows: the cluster is so slow
+    that serving the workload takes months of simulated time."""
+    need = t_ns // (MAX_SERIES_BUCKETS * 10**9) + 1  # whole seconds a row
+    rows = t_ns // interval_ns + 1
+    rows_text = f"{rows:,}" if rows < 10**12 else _approx(rows)
+    # (--timeseries-interval-s allows up to 1e9 s a row)
+    hint = f" (or give --timeseries-interval-s {need} or more)" if need <= 10**9 else ""
+    return InputError(
+        f"the simulated clock reached {_approx(t_ns // 10**9)} s "
+        f"({_approx(t_ns // 86400_000_000_000)} days): the "
+        f"time series would need {rows_text} rows of {interval_ns / 1e9:g} s; allowed: at "
+        f"most {MAX_SERIES_BUCKETS:,}. No real run is that slow: check the cluster's "
+        "link_bw/link_latency and npu_mem, and the hardware's peak_tflops/mem_bw" + hint)
+
+
 @dataclass
 class TimeSeries:
     """Buckets of ``interval_ns``: tokens per bucket, and the last-seen queue/KV state."""
@@ -194,6 +223,8 @@ class TimeSeries:
 
     def _extend_to(self, b: int) -> None:
         """Buckets up to ``b``: no tokens, the last-seen state carried over."""
+        if b >= MAX_SERIES_BUCKETS:
+            raise series_overflow(b * self.interval_ns, self.interval_ns)
         while len(self.prompt) <= b:
             self.prompt.append(0)
             self.gen.append(0)
@@ -263,14 +294,25 @@ class RunResult:
     timeseries: TimeSeries
 
     def request_rows(self) -> list[tuple]:
-        """One tuple per request in REQUEST_COLUMNS order, sorted by request id."""
+        """One tuple per request in REQUEST_COLUMNS order, sorted by request id. A time a
+        request never reached (refused at arrival, still running when the simulation
+        stopped, or a session turn never sent after an earlier one was refused) is None,
+        and so is every latency measured to it: an empty field in the CSV, NaN in a
+        DataFrame, never ``-1 - arrival``."""
         rows = []
         for r in self.requests:
-            ttft = r.first_token_ns - r.arrival_ns
-            tpot = (r.last_token_ns - r.first_token_ns) // max(1, r.num_output - 1)
-            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index, r.arrival_ns,
-                         r.first_token_ns, r.last_token_ns, r.input_len, r.num_output, ttft, tpot,
-                         r.last_token_ns - r.arrival_ns, r.first_scheduled_ns - r.arrival_ns,
+            first, last, arrival = r.first_token_ns, r.last_token_ns, r.arrival_ns
+            ttft = first - arrival if first >= 0 else None
+            if r.finish_ns >= 0:
+                tpot = (last - first) // max(1, r.num_output - 1)
+                latency = last - arrival
+            else:
+                tpot = latency = None
+            queueing = r.first_scheduled_ns - arrival if r.first_scheduled_ns >= 0 else None
+            rows.append((r.rid, r.instance_id, r.session_id, r.sub_index,
+                         arrival if arrival >= 0 else None,  # a session turn never sent
+                         first if first >= 0 else None, last if last >= 0 else None,
+                         r.input_len, r.num_output, ttft, tpot, latency, queueing,
                          r.prefix_hit, r.lower_hit, r.preemptions, r.itl_max_ns,
                          r.prefill_instance, r.kv_transfer_ns))
         rows.sort(key=lambda row: row[0])  # stable: equal ids keep their order
@@ -292,10 +334,24 @@ class RunResult:
         if output_csv:
             _write_csv(output_csv, REQUEST_COLUMNS, self.request_rows())
         if summary_json:
-            Path(summary_json).write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+            Path(summary_json).write_text(
+                json.dumps(json_safe(self.summary), indent=2, default=str) + "\n")
         if timeseries_csv:
             cols = self.timeseries.columns()
             _write_csv(timeseries_csv, list(cols), zip(*cols.values()))
+
+
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float as None: a statistic over no values (no
+    request finished, every output one token) is ``null`` in a JSON file, as JSON has no
+    NaN (``json.dumps`` would write the bare word ``NaN``, which strict parsers refuse)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def _write_csv(path: str | Path, header, rows) -> None:

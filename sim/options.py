@@ -324,6 +324,13 @@ class SimOptions:
                              f"eager mode), got {cap!r}")
         if self.backend not in ("inproc", "subprocess"):
             raise InputError(f"unknown backend {self.backend!r}; known: inproc, subprocess")
+        if self.astra_sim_bin is not None:
+            if self.backend != "subprocess":
+                raise InputError(f"option astra_sim_bin (--astra-sim-bin {self.astra_sim_bin!r}) "
+                                 "is used only with --backend subprocess; backend is "
+                                 f"{self.backend!r}")
+            from sim.paths import check_executable
+            check_executable(self.astra_sim_bin, "--astra-sim-bin")
         if not isinstance(self.timeseries_interval_ns, int) or \
                 not 10**6 <= self.timeseries_interval_ns <= 10**18:
             raise InputError("option timeseries_interval_ns must be an integer in "
@@ -331,7 +338,12 @@ class SimOptions:
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in str(v).split(".")[:3])
+    """``"0.19.0"`` as ``(0, 19, 0)`` (parts past the third, like ``dev1``, ignored); a
+    part that is not plain digits (``-1``, ``+0``, `` 0``) is a ValueError."""
+    parts = str(v).split(".")[:3]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(v)
+    return tuple(int(p) for p in parts)
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SimOptions))
@@ -483,17 +495,22 @@ def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int
 
 
 
-def check_engine_flags(args) -> None:
-    """The checks ``llmsim run`` and ``llmsim bench`` share on their engine flags, before
-    anything is simulated: the seed, the profile folders, and what vLLM would refuse."""
+def check_profile_dirs(dirs) -> None:
+    """Each ``--profiles`` folder exists, or an InputError naming it."""
     from pathlib import Path
 
-    if args.seed < 0:
-        raise InputError(f"--seed must be >= 0, got {args.seed}")
-    for d in args.profiles:
+    for d in dirs:
         if not Path(d).is_dir():
             raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
                              "<HW>/<org>/<model>/<variant>/)")
+
+
+def check_engine_flags(args) -> None:
+    """The checks ``llmsim run`` and ``llmsim bench`` share on their engine flags, before
+    anything is simulated: the seed, the profile folders, and what vLLM would refuse."""
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, got {args.seed}")
+    check_profile_dirs(args.profiles)
     why = vllm_refusal(args.max_num_seqs, args.max_num_batched_tokens, args.block_size)
     if why:
         raise InputError(f"--max-num-seqs/--max-num-batched-tokens/--block-size: {why}")

@@ -56,3 +56,47 @@ def check_output_file(path: str | Path, flag: str) -> Path:
     if not existed:
         p.unlink(missing_ok=True)
     return p
+
+
+def check_executable(path: str, flag: str) -> str:
+    """The executable ``path`` names (a path, or a name found on PATH), or an InputError
+    naming ``flag``: no such file, a folder, or not executable."""
+    import shutil
+
+    from sim.errors import InputError
+
+    found = shutil.which(path)
+    if found:
+        return found
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {path!r} is a folder; give an executable file")
+    if p.is_file():
+        raise InputError(f"{flag} {path!r} is not executable; give an astra-sim executable")
+    raise InputError(f"{flag} {path!r}: no such file, and no such program on PATH")
+
+
+def check_distinct_paths(outputs: list[tuple[str, str | Path]],
+                         inputs: list[tuple[str, str | Path]]) -> None:
+    """Refuse an output (``(flag, path)``) that is one of the ``inputs`` or an earlier
+    output: the same file by its real path (links and ``..`` resolved) or, where both
+    exist, by device and inode (a hard link). Writing it would destroy the input or the
+    other output."""
+    from sim.errors import InputError
+
+    def same(a: Path, b: Path) -> bool:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one of them does not exist (yet)
+            return False
+
+    seen = list(inputs)
+    for flag, path in outputs:
+        for other_flag, other in seen:
+            if same(Path(path), Path(other)):
+                raise InputError(f"{flag} {str(path)!r} is the same file as {other_flag} "
+                                 f"{str(other)!r}; writing it would overwrite that: give "
+                                 "another path")
+        seen.append((flag, path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sim.cluster import ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.memory import memory_budget
+from sim.metrics import MAX_SERIES_BUCKETS  # the time series' row cap (arrivals are held to it)
 from sim.model import ModelSpec, load_model, served_model
 from sim.options import SimOptions
 from sim.power import PowerModel
@@ -184,12 +185,6 @@ def dp_group_size(cluster: ClusterConfig, inst: InstanceConfig) -> int:
     if inst.dp_group is None:
         return 1
     return sum(1 for i in cluster.instances if str(i.dp_group) == str(inst.dp_group))
-
-
-#: time-series rows a run may have (one per ``timeseries_interval_ns`` of simulated time,
-#: idle stretches included): 10 million is 116 days at the default 1 s, ~2 GB to build;
-#: a request at 2**62 ns would have taken hours
-MAX_SERIES_BUCKETS = 10_000_000
 
 
 def check_workload(workload, cluster: ClusterConfig, opts: SimOptions) -> None:

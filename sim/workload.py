@@ -71,7 +71,9 @@ _MAX_INT = 2**63 - 1
 MAX_LEN = 2**31 - 1
 
 
-def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0) -> int:
+def _int_field(obj: dict, key: str, where: str, *, required: bool = True, default: int = 0,
+               signed: bool = False) -> int:
+    """``obj[key]`` as an int in [0, 2**63) (``signed``: in [-2**63, 2**63))."""
     if key not in obj or obj[key] is None:
         if required:
             raise InputError(f"missing field {key!r}", source=where)
@@ -80,7 +82,9 @@ def _int_field(obj: dict, key: str, where: str, *, required: bool = True, defaul
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or int(v) != v:
         raise InputError(f"field {key!r} must be an integer, got {v!r}", source=where)
-    if v < 0:
+    if signed and v < -_MAX_INT - 1:
+        raise InputError(f"field {key!r} must be >= -2**63, got {v!r}", source=where)
+    if v < 0 and not signed:
         raise InputError(f"field {key!r} must be >= 0, got {v!r}", source=where)
     if v > _MAX_INT:
         raise InputError(f"field {key!r} must be < 2**63, got {v!r}", source=where)
@@ -128,8 +132,9 @@ def _make_request(obj: dict, rid: int, arrival_ns: int, where: str, session_id=N
                   output_ids=_ids(obj, "output_tok_ids", n_out, where, may_hold_bools),
                   session_id=session_id, sub_index=sub_index,
                   tool_ns=_int_field(obj, "tool_duration_ns", where, required=False))
-    # vLLM's request priority (lower runs first) for --scheduling-policy priority.
-    req.priority = _int_field(obj, "priority", where, required=False)
+    # vLLM's request priority (lower runs first; any int, negative too) for
+    # --scheduling-policy priority.
+    req.priority = _int_field(obj, "priority", where, required=False, signed=True)
     return req
 
 
@@ -137,8 +142,34 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+#: the fields of a flat request, which a session line carries in its sub_requests
+_FLAT_FIELDS = ("input_toks", "output_toks", "input_tok_ids", "output_tok_ids")
+
+
+def _session_id(obj: dict, lineno: int, where: str, seen: dict[str, int]) -> str:
+    """A session line's id (a string or an integer, read as text; default
+    ``session-<line>``), used by no earlier line: the summary's per-session statistics
+    group the turns by it."""
+    both = [k for k in _FLAT_FIELDS if k in obj]
+    if both:
+        raise InputError(f"field {both[0]!r} beside 'sub_requests': a line is a flat request "
+                         "or a session (its turns in sub_requests), not both", source=where)
+    raw = obj.get("session_id")
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, (str, int))):
+        raise InputError(f"field 'session_id' must be a string or an integer, got {raw!r}",
+                         source=where)
+    sid = f"session-{lineno}" if raw is None else str(raw)
+    if sid in seen:
+        raise InputError(f"session_id {sid!r} is also the session of line {seen[sid]}; each "
+                         "session needs its own id (its turns all in one line's "
+                         "sub_requests)", source=where)
+    seen[sid] = lineno
+    return sid
+
+
 def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) -> Workload:
     requests: list[Request] = []
+    sessions: dict[str, int] = {}  # session id -> its line
     rid = 0
     for lineno, line in enumerate(lines, start=1):
         if limit is not None and len(requests) >= limit:
@@ -166,7 +197,7 @@ def parse_jsonl_lines(lines, source: str = "<jsonl>", limit: int | None = None) 
             subs = obj["sub_requests"]
             if not isinstance(subs, list) or not subs:
                 raise InputError("field 'sub_requests' must be a non-empty list", source=where)
-            sid = str(obj.get("session_id", f"session-{lineno}"))
+            sid = _session_id(obj, lineno, where, sessions)
             prev = None
             for k, sub in enumerate(subs):
                 sw = f"{where}: sub_requests[{k}]"

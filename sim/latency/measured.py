@@ -89,11 +89,16 @@ def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
 
 
 _KEY_MAX = 2**53  # a grid key (tokens, sequences, KV length) exact as a double
+#: the longest time one layer call may take (1000 s): far past any measurement, and its
+#: integer nanoseconds summed over every layer of a step stay far inside int64 (a time of
+#: 1e17 us overflowed the step tables' int64 cast and read as 1 ns)
+_TIME_MAX_US = 1e9
 
 
 def _check_cell(row: dict, c: str) -> str | None:
     """Why the value of column ``c`` is not allowed (None when it is): a time is a finite
-    number >= 0, a skew fit's alpha any finite number, a grid key an integer >= 0."""
+    number in 0.._TIME_MAX_US, a skew fit's alpha any finite number, a grid key an integer
+    >= 0."""
     try:
         v = float(row[c])
     except (TypeError, ValueError):
@@ -101,8 +106,9 @@ def _check_cell(row: dict, c: str) -> str | None:
     if c == "alpha":
         return None if math.isfinite(v) else f"must be a finite number, got {row[c]!r}"
     if c == "time_us":
-        return None if math.isfinite(v) and v >= 0 else \
-            f"must be a finite time >= 0 (microseconds), got {row[c]!r}"
+        return None if math.isfinite(v) and 0 <= v <= _TIME_MAX_US else \
+            f"must be a finite time >= 0 and at most {_TIME_MAX_US:g} (microseconds), got "\
+            f"{row[c]!r}"
     if not (math.isfinite(v) and v.is_integer() and 0 <= v <= _KEY_MAX):
         return f"must be an integer >= 0, got {row[c]!r}"
     return None
@@ -123,7 +129,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[dict]:
                          "a profile is a CSV text file", source=str(path)) from None
     except csv.Error as exc:
         raise InputError(f"malformed profile CSV ({exc})", source=str(path)) from None
-    numeric = [c for c in columns if c != "layer"]
+    numeric = [c for c in columns if c != "layer" and not c.endswith("_label")]
     for lineno, row in enumerate(rows, start=2):
         for c in numeric:
             why = _check_cell(row, c)
@@ -514,7 +520,7 @@ class MeasuredProvider(LatencyProvider):
         rel = entry.get("bucket_table")
         if isinstance(rel, str) and rel:
             path = self.root / rel
-            for r in _read_csv(path, ("pc", "alpha")):
+            for r in _read_csv(path, ("pc", *(f"{a}_label" for a in _SKEW_AXES), "alpha")):
                 pc = int(float(r["pc"]))
                 pcs.add(pc)
                 table[(pc, r["n_label"], r["skew_rate_label"], r["kv_big_label"],
@@ -560,6 +566,8 @@ class MeasuredProvider(LatencyProvider):
                 raise InputError("MoE model but the bundle has no moe.csv", source=str(tp_dir))
             path = path1
         rows = _read_csv(path, ("tokens", "activated_experts", "time_us"))
+        if not rows:
+            raise InputError("MoE profile has no rows (a header alone)", source=str(path))
         by_ae: dict[int, dict[int, float]] = {}
         for r in rows:
             by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \

@@ -65,8 +65,9 @@ def test_all_rejected_space_ends(tmp_path, monkeypatch):
     # an unbounded knob (no finite count of configurations), every draw rejected: PD
     # disaggregation with one instance (a space whose every draw is over the device budget
     # is refused at load, tests/dse/test_dse_malformed_inputs.py)
+    # (a range of 60,000 values: 120,000 combinations, over the enumeration limit)
     knobs = {"tp": [2, 4], "replicas": [1], "pd": [True],
-             "max_num_seqs": {"low": 8, "high": 256}}
+             "max_num_seqs": {"low": 8, "high": 60_000}}
     path = write_space(tmp_path, knobs=knobs,
                        search={"sampler": "tpe", "n_trials": 5, "seed": 0})
     out = tmp_path / "out"
