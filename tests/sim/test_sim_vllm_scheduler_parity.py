@@ -10,6 +10,16 @@ which order, from which computed-token count and with how many new tokens (so pr
 hits too), which are preempted, and how many KV blocks are free; after every update,
 which requests finished; at the end, the prefix-cache queries and hits.
 
+Cases come from four regimes, all in the default run (200 examples): small (budgets of
+8-96 tokens, prompts of a few blocks), long (budgets of 256-16,384 tokens, prompts of up
+to several thousand tokens with long_prefill_token_threshold up to 2,048, outputs up to
+300) and burst (12-40 requests, most arriving in one iteration); each with pools from
+"just the longest request" (heavy preemption) up, max_model_len caps from just past the
+longest prompt, shared prefixes, FCFS or priority, sync/async/pipeline parallelism, and
+sim's KV manager deferring private blocks as the engine does or not. For deeper runs:
+``PARITY_EXAMPLES=5000`` and ``PARITY_REGIMES=long,burst`` (a subset), with
+``--hypothesis-seed=N``.
+
 Needs the ``parity`` extra (``pip install -e '.[parity]'``, see the Makefile); without
 vLLM installed the test is skipped.
 """
@@ -30,7 +40,7 @@ vllm_sched = pytest.importorskip("vllm.v1.core.sched.scheduler",
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sim.kv_cache import KVCacheManager  # noqa: E402
+from sim.kv_cache import KVCacheManager, private_depths  # noqa: E402
 from sim.metrics import GapRuns  # noqa: E402
 from sim.options import SimOptions  # noqa: E402
 from sim.paths import shared_data_root  # noqa: E402
@@ -38,7 +48,7 @@ from sim.request import Request as SimRequest  # noqa: E402
 from sim.scheduler import Scheduler as SimScheduler  # noqa: E402
 
 VOCAB = 50
-MAX_MODEL_LEN = 4096
+MAX_MODEL_LEN = 32768
 
 
 @dataclass
@@ -57,44 +67,97 @@ class Case:
     max_model_len: int
     #: (arrival loop iteration, prompt ids, output ids, priority)
     requests: list[tuple[int, list[int], list[int], int]]
+    #: sim's KV manager defers private blocks (``private_depths``), as the engine does
+    private: bool = False
+
+
+#: the workload regimes a case is drawn from (see ``cases``), with their weights in the
+#: default run; ``PARITY_REGIMES=long,burst`` (a comma-separated subset) draws only those
+REGIMES = {"small": 5, "long": 2, "burst": 2, "long_burst": 1}
+
+
+def _regimes() -> list[str]:
+    names = [r for r in os.environ.get("PARITY_REGIMES", "").split(",") if r] or list(REGIMES)
+    unknown = set(names) - set(REGIMES)
+    if unknown:
+        raise ValueError(f"PARITY_REGIMES: unknown regime(s) {sorted(unknown)}, "
+                         f"allowed: {sorted(REGIMES)}")
+    return [r for r in names for _ in range(REGIMES[r])]
+
+
+def _workload(rng: random.Random, regime: str, bs: int, budget: int, chunked: bool,
+              n_reqs: int) -> list[tuple[int, list[int], list[int], int]]:
+    """Requests of a regime: small (prompts of a few blocks, a few shared prefixes), long
+    (prompts of up to several thousand tokens, prefixes of up to a thousand), burst (many
+    short requests, most of them arriving in one or two iterations), long_burst (many
+    requests of up to 4,000 tokens arriving together)."""
+    if regime == "long":
+        prefix_blocks, suffix = (1, 64), (1, rng.choice([64, 512, 6000]))
+        out_len = (1, rng.choice([32, 32, 300]))
+    elif regime == "long_burst":
+        prefix_blocks, suffix, out_len = (1, 64), (1, 4000), (1, 64)
+    else:
+        prefix_blocks, suffix, out_len = (1, 4), (1, 3 * bs), (1, 24)
+    n_prefix = rng.randint(0, 3)
+    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(*prefix_blocks) * bs)]
+                for _ in range(n_prefix)]
+    burst = [rng.randint(0, 3)] if regime.endswith("burst") else [0, 0, 1, 4, 4, 9]
+    reqs = []
+    for _ in range(n_reqs):
+        ids = list(rng.choice(prefixes)) if prefixes and rng.random() < 0.7 else []
+        ids += [rng.randrange(VOCAB) for _ in range(rng.randint(*suffix))]
+        if not chunked:
+            ids = ids[:budget]
+        out = [rng.randrange(VOCAB) for _ in range(rng.randint(*out_len))]
+        # Bursts: several requests (often sharing a prefix) arriving in one iteration.
+        arrival = rng.choice(burst) if rng.random() < 0.7 else rng.randint(0, 14)
+        reqs.append((arrival, ids, out, rng.randint(0, 3)))
+    reqs.sort(key=lambda r: r[0])
+    return reqs
 
 
 @st.composite
 def cases(draw) -> Case:
-    bs = draw(st.sampled_from([4, 8, 16]))
-    budget = draw(st.integers(8, 96))
+    regime = draw(st.sampled_from(_regimes()))
+    if regime.startswith("long"):
+        bs = draw(st.sampled_from([16, 16, 32]))
+        budget = draw(st.sampled_from([256, 512, 2048, 4096, 8192, 16384]))
+        threshold = draw(st.sampled_from([0, 0, 64, 512, 2048]))
+        max_num_seqs = draw(st.sampled_from([1, 2, 4, 8, 64, 256]))
+        n_reqs = draw(st.integers(1, 10) if regime == "long" else st.integers(12, 40))
+    else:
+        bs = draw(st.sampled_from([4, 8, 16]))
+        budget = draw(st.integers(8, 96 if regime == "small" else 256))
+        threshold = draw(st.sampled_from([0, 0, 4, 16, 33]))
+        max_num_seqs = draw(st.integers(1, 8) if regime == "small"
+                            else st.sampled_from([2, 8, 16, 48]))
+        n_reqs = draw(st.integers(1, 12) if regime == "small" else st.integers(12, 40))
     chunked = draw(st.booleans())
     mode = draw(st.sampled_from(["sync", "async", "async", "pp2", "pp3"]))
     pp = int(mode[2]) if mode.startswith("pp") else 1
     # vLLM 0.19 runs async scheduling with PP too (a batch queue of pp).
     async_sched = mode == "async" or (pp > 1 and draw(st.booleans()))
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
-    n_prefix = rng.randint(0, 3)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 4) * bs)]
-                for _ in range(n_prefix)]
-    reqs = []
-    longest = 0
-    for _ in range(draw(st.integers(1, 12))):
-        ids = list(rng.choice(prefixes)) if prefixes and rng.random() < 0.7 else []
-        ids += [rng.randrange(VOCAB) for _ in range(rng.randint(1, 3 * bs))]
-        if not chunked:
-            ids = ids[:budget]
-        out = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 24))]
-        longest = max(longest, len(ids) + len(out))
-        # Bursts: several requests (often sharing a prefix) arriving in one iteration.
-        arrival = rng.choice([0, 0, 1, 4, 4, 9]) if rng.random() < 0.7 else rng.randint(0, 14)
-        reqs.append((arrival, ids, out, rng.randint(0, 3)))
-    reqs.sort(key=lambda r: r[0])
+    reqs = _workload(rng, regime, bs, budget, chunked, n_reqs)
+    longest = max(len(r[1]) + len(r[2]) for r in reqs)
+    longest_prompt = max(len(r[1]) for r in reqs)
     # A pool from "just the longest request" (heavy preemption) to roomy.
     min_blocks = -(-longest // bs) + 2
-    num_blocks = draw(st.integers(min_blocks, min_blocks + 40))
-    max_model_len = draw(st.sampled_from([MAX_MODEL_LEN, MAX_MODEL_LEN, longest - 3]))
-    if max_model_len <= max(len(r[1]) for r in reqs):
+    num_blocks = min_blocks + draw(st.sampled_from([0, 0, 1, 3, 10, 40]) if regime != "small"
+                                   else st.one_of(st.integers(0, 3), st.integers(0, 40)))
+    if regime.endswith("burst") and draw(st.booleans()):
+        num_blocks += sum(-(-(len(r[1]) + len(r[2])) // bs) for r in reqs) // 3
+    # max_model_len caps: none, just past the longest prompt (the first sampled token
+    # ends it), or somewhere inside the longest sequence
+    max_model_len = draw(st.sampled_from([MAX_MODEL_LEN, MAX_MODEL_LEN, longest - 3,
+                                          longest_prompt + 1,
+                                          (longest_prompt + longest) // 2 + 1]))
+    if max_model_len <= longest_prompt:
         max_model_len = MAX_MODEL_LEN
-    return Case(bs, num_blocks, draw(st.integers(1, 8)), budget, chunked,
-                draw(st.sampled_from([0, 0, 4, 16, 33])), draw(st.booleans()) or bool(n_prefix),
+    caching = draw(st.sampled_from([True, True, True, False]))
+    return Case(bs, num_blocks, max_num_seqs, budget, chunked, threshold, caching,
                 draw(st.booleans()), async_sched, pp, draw(st.booleans()), max_model_len,
-                reqs)
+                reqs, draw(st.booleans()))
 
 
 # ------------------------------------------------------------------------- vLLM side
@@ -223,13 +286,20 @@ class SimSide:
                        reserve_full_isl=case.reserve_full, async_scheduling=case.async_sched,
                        scheduling_policy="priority" if case.priority else "fcfs",
                        max_model_len=case.max_model_len)
-        self.kv = KVCacheManager(case.num_blocks, case.block_size, case.caching)
+        # every request up front, as the engine has them (for the private blocks)
+        self.reqs = [SimRequest(rid, arrival, len(ids), len(out), input_ids=list(ids),
+                                output_ids=out)
+                     for rid, (arrival, ids, out, _) in enumerate(case.requests)]
+        private = private_depths(self.reqs, case.block_size) if case.private else None
+        self.kv = KVCacheManager(case.num_blocks, case.block_size, case.caching,
+                                 private=private)
         self.s = SimScheduler(0, o, self.kv)
         self.now = 0
         self.unfinished = 0
 
     def add(self, rid: int, ids: list[int], out: list[int], prio: int, arrival: int) -> None:
-        r = SimRequest(rid, arrival, len(ids), len(out), input_ids=list(ids), output_ids=out)
+        r = self.reqs[rid]  # (run_case numbers requests by their index in the case)
+        assert r.input_ids == ids and r.output_ids == out and r.arrival_ns == arrival
         r.priority = prio
         self.s.add_request(r)
         self.unfinished += 1
@@ -381,19 +451,35 @@ def test_sim_scheduler_matches_vllm_on_the_rtx4090_replay(async_sched, model_dir
 RTX4090 = shared_data_root() / "validation" / "RTX4090-Llama-3.1-8B"
 
 
-def record_engine(monkeypatch, **run_kw) -> tuple[list, dict]:
-    """Run the whole engine on a validation replay with event leaping off (every step is
-    scheduled one by one) and record, in order, what reached the scheduler: each
-    ``schedule`` call's view (as run_case compares it) and each ``complete`` call's finished
-    requests, plus, per request, the schedule call that first read it."""
+def record_engine(monkeypatch, **run_kw) -> tuple[list, dict, object, dict]:
+    """Run the whole engine on the RTX 4090 validation replay with event leaping off (every
+    step is scheduled one by one) and record what reached the scheduler
+    (``record_calls``)."""
     from experiments.validate_vllm import run_validation
 
+    events, read_at, (result, meta) = record_calls(
+        monkeypatch, lambda: run_validation(RTX4090, event_leaping=False, **run_kw))
+    return events, read_at, result, meta
+
+
+class TooManyCalls(Exception):
+    """A recorded run made more schedule calls than it was given."""
+
+
+def record_calls(monkeypatch, run, max_calls: int | None = None) -> tuple[list, dict, object]:
+    """Call ``run()`` (a whole-engine run, event leaping off) and record, in order, what
+    reached the scheduler: each ``schedule`` call's view (as run_case compares it) and
+    each ``complete`` call's finished requests, plus, per request, the schedule call that
+    first read it. Returns those and what ``run`` returned; raises TooManyCalls past
+    ``max_calls`` schedule calls."""
     events: list = []
     read_at: dict[int, tuple[int, SimRequest]] = {}
     sched, comp = SimScheduler.schedule, SimScheduler.complete
     calls = [0]
 
     def schedule(self, now):
+        if max_calls is not None and calls[0] >= max_calls:
+            raise TooManyCalls(max_calls)
         for r in self.unread:
             read_at.setdefault(r.rid, (calls[0], r))
         b = sched(self, now)
@@ -411,10 +497,10 @@ def record_engine(monkeypatch, **run_kw) -> tuple[list, dict]:
     monkeypatch.setattr(SimScheduler, "schedule", schedule)
     monkeypatch.setattr(SimScheduler, "complete", complete)
     try:
-        result, meta = run_validation(RTX4090, event_leaping=False, **run_kw)
+        out = run()
     finally:
         monkeypatch.undo()
-    return events, read_at, result, meta
+    return events, read_at, out
 
 
 def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int:
@@ -428,11 +514,11 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
         by_call.setdefault(k, []).append((rid, r))
     in_flight: deque = deque()
     k = preemptions = 0
-    depth = 2 if case.async_sched else 1
+    depth = case.pp if case.pp > 1 else (2 if case.async_sched else 1)
     for n, (kind, sim_view) in enumerate(events):
         if kind == "S":
             for rid, r in sorted(by_call.pop(k, []), key=lambda x: x[0]):
-                v.add(rid, r.input_ids, r.output_ids, 0, 0)
+                v.add(rid, r.input_ids, r.output_ids, r.priority, r.arrival_ns)
             k += 1
             # vLLM's step_with_batch_queue never schedules with its batch queue full
             assert len(in_flight) < depth, f"call {n}: a step scheduled with the queue full"
@@ -443,16 +529,33 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
                 in_flight.append(handle)
             else:  # an empty step: nothing runs, its (empty) output is processed
                 assert v.update(handle) == []
+            # after an empty step with steps in flight, vLLM blocks on the oldest one:
+            # sim may only ask again (pipeline parallelism: a stage freed) for nothing
+            if not view[0] and in_flight and n + 1 < len(events) and events[n + 1][0] == "S":
+                assert not events[n + 1][1][0] and not events[n + 1][1][1], \
+                    f"call {n + 1}: scheduled {events[n + 1][1]} where vLLM waits for " \
+                    "its oldest step"
         else:
             # ... and waits for the oldest step only once the queue is full (with async
             # scheduling the next step is scheduled before the last one's output is in)
             # or nothing is left to schedule
             after_empty = events[n - 1][0] == "S" and not events[n - 1][1][0]
-            assert len(in_flight) == depth or not v.has_requests() or after_empty, \
-                f"call {n}: waited with the batch queue not full"
+            if not (len(in_flight) == depth or not v.has_requests() or after_empty):
+                # vLLM would schedule first; sim's engine (pipeline parallelism: the
+                # next batch waits for the first stage) did not. The same only if that
+                # step would have been empty.
+                handle, view = v.schedule()
+                assert view[:2] == ([], []), \
+                    f"call {n}: sim waited for its oldest step where vLLM schedules {view}"
+                assert v.update(handle) == []
             fin = v.update(in_flight.popleft())
             assert fin == sim_view, f"call {n}: sim finished {sim_view} != vLLM {fin}"
-    assert not in_flight and not by_call and not v.s.get_num_unfinished_requests()
+    assert not by_call and not v.s.get_num_unfinished_requests()
+    # Steps still in flight when the last request finished (with pipeline parallelism
+    # and async scheduling, a step past a request's last token can be scheduled before
+    # that token is in): the engine stops without them; they finish nothing.
+    while in_flight:
+        assert v.update(in_flight.popleft()) == []
     return preemptions
 
 
