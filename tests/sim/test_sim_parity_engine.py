@@ -122,10 +122,6 @@ def test_random_engine_case_reaches_vllm(bundle_root, model_dir, monkeypatch):
     assert replay_in_vllm(events, read_at, case, model_dir) == result.summary["preemptions"] > 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine deviation, reported: with pipeline parallelism sim's engine "
-                   "schedules again when a stage frees; vLLM, having scheduled nothing, "
-                   "blocks on its oldest step")
 def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_root, model_dir,
                                                                        monkeypatch):
     """Found by the fuzz above with ``PARITY_ENGINE_PP=1`` (shrunk). pp=2, no async
@@ -145,10 +141,6 @@ def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_roo
     replay_in_vllm(events, read_at, case, model_dir)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine deviation, reported: with pipeline parallelism and async "
-                   "scheduling sim's engine waits for a stage to free before it schedules; "
-                   "vLLM fills its batch queue at once")
 def test_pipeline_engine_fills_its_batch_queue_at_once(bundle_root, model_dir, monkeypatch):
     """The other side of the same engine rule (found with the check above disabled). pp=3,
     async scheduling, one sequence at a time: while its queue holds fewer than pp batches
