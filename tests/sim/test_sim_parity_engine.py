@@ -84,6 +84,7 @@ def _run(case: Case, ns_per_iter: int, bundle_root, monkeypatch, max_calls: int 
 @given(ec=engine_cases())
 def test_engine_matches_vllm_on_random_workloads(ec, bundle_root, model_dir, monkeypatch):
     case, ns_per_iter = ec
+    event(f"pp={case.pp}" + (", async scheduling" if case.async_sched else ""))
     try:
         events, read_at, result = _run(case, ns_per_iter, bundle_root, monkeypatch)
     except InputError as e:
