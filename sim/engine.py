@@ -1098,8 +1098,13 @@ def _raise_unschedulable(inst: InstanceRuntime) -> None:
     o = inst.opts
     if (not o.enable_chunked_prefill and o.max_num_batched_tokens
             and head.num_tokens > o.max_num_batched_tokens):
+        generated = head.num_tokens - head.input_len
+        needs = (f"has a {head.num_tokens}-token prompt" if not generated else
+                 f"was preempted after {generated} generated tokens: its "
+                 f"{head.input_len}-token prompt and those must be recomputed, "
+                 f"{head.num_tokens} tokens in one step,")
         raise InputError(
-            f"request {head.rid} has a {head.num_tokens}-token prompt but "
+            f"request {head.rid} {needs} but "
             f"max_num_batched_tokens={o.max_num_batched_tokens} and chunked "
             "prefill is off; raise max_num_batched_tokens or enable chunked "
             "prefill")
