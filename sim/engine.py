@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import deque
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, replace
@@ -482,9 +483,9 @@ class _Run:
     def _init_units(self) -> None:
         """Iterations in flight: (end_ns, seq, unit index, [(instance index, batch)] or
         None). A unit is one instance, or a DP group stepping in lockstep. None is a
-        wake-up: with pipeline parallelism a unit may issue its next batch once the
-        previous one has left the first stage (up to pp in flight), and a decode instance
-        wakes when a KV transfer lands. A Request payload is a landed PD KV transfer."""
+        wake-up (an async unit's next scheduling point, a decode instance whose KV
+        transfer lands). A Request payload is a landed PD KV transfer. A unit with
+        pipeline stages runs vLLM's batch queue of pp batches (``_schedule_pipeline``)."""
         self.units = units = _scheduling_units(self.instances)
         self.unit_of = {idx: u for u, members in enumerate(units) for idx in members}
         self.in_flight: list[tuple[int, int, int, list | Request | None]] = []
@@ -493,6 +494,12 @@ class _Run:
         self.inflight_count = [0] * n_units
         self.free_at = [0] * n_units
         self.depth = depth = [self.instances[m[0]].pp for m in units]
+        #: units with pipeline stages: a batch enters the first stage once the one before
+        #: it has left it (``free_at``), and the engine keeps up to pp batches queued
+        self.pipelined = [d > 1 for d in depth]
+        #: (pipelined) per batch in flight, oldest first, the empty steps vLLM queued
+        #: behind it: each holds a slot of the batch queue until the batch is processed
+        self.trail: list[deque] = [deque() for _ in units]
         # Async scheduling (vLLM's batch queue of 2): step N+1 is scheduled while step N
         # runs and starts when N ends; a unit schedules again only after a step of its own
         # completes (or right after scheduling one), so arrivals wait for that point.
@@ -609,6 +616,8 @@ class _Run:
                 continue
             self.inflight_count[unit] -= 1
             self.may_chain[unit] = True
+            if self.pipelined[unit]:
+                self.trail[unit].popleft()
             for idx, batch in payload:
                 self._complete(idx, batch, end)
 
@@ -659,6 +668,12 @@ class _Run:
         async_unit, may_chain, leap_unit = self.async_unit, self.may_chain, self.leap_unit
         for unit, members in enumerate(self.units):
             busy = inflight_count[unit]
+            if self.pipelined[unit]:
+                # (blocked on its oldest batch until that batch's output is processed)
+                if not busy or may_chain[unit]:
+                    may_chain[unit] = False
+                    self._schedule_pipeline(unit, members, busy)
+                continue
             if busy >= depth[unit] or free_at[unit] > now:
                 continue
             if busy and async_unit[unit] and not may_chain[unit]:
@@ -673,6 +688,31 @@ class _Run:
                     payload.append((idx, batch))
             if payload:
                 self._launch(unit, members, payload, self._step_ns(unit, members, payload))
+
+    def _schedule_pipeline(self, unit: int, members: list[int], busy: int) -> None:
+        """vLLM's ``step_with_batch_queue`` with a queue of pp batches, at a point where
+        the engine is not blocked (its oldest batch was just processed, or none is in
+        flight): it schedules while the queue has room; a batch scheduled with the queue
+        still not full is followed at once by another schedule. An empty schedule (with
+        requests left) takes a queue slot too, and the engine then blocks until its
+        oldest batch is done and processed (as it does with the queue full): arrivals
+        meanwhile wait for that."""
+        now, trail, depth = self.now, self.trail[unit], self.depth[unit]
+        schedulers = self.schedulers
+        while busy + sum(trail) < depth:
+            has_requests = any(schedulers[i].running or schedulers[i].waiting for i in members)
+            payload = []
+            for idx in members:
+                batch = self._schedule_instance(idx, now, busy)
+                if batch is not None:
+                    payload.append((idx, batch))
+            if not payload:
+                if busy and has_requests:
+                    trail[-1] += 1
+                return
+            self._launch(unit, members, payload, self._step_ns(unit, members, payload))
+            trail.append(0)
+            busy += 1
 
     def _schedule_instance(self, idx: int, now: int, busy: int):
         """One instance's next batch (None: nothing to run); ``busy``: its unit's steps in
@@ -719,11 +759,14 @@ class _Run:
         return lead.model.is_moe and (len(members) > 1 or lead.config.ep_size > 1)
 
     def _launch(self, unit: int, members: list[int], payload: list, dur: int) -> None:
-        """Put a timed step in flight: async units chain it after the step running,
-        pipelined ones let the next batch enter after one stage time."""
+        """Put a timed step in flight: async units chain it after the step running;
+        pipelined ones start it once the batch before has left the first stage (equal
+        stages) and keep batches in order through the stages."""
         now = self.now
         start = now
-        pipelined = self.depth[unit] > 1 and not self.async_unit[unit]
+        pipelined = self.pipelined[unit]
+        if pipelined and self.free_at[unit] > now:
+            start = self.free_at[unit]
         if self.async_unit[unit]:
             start = self.busy_until[unit] if self.busy_until[unit] > now else now
             self.busy_until[unit] = start + dur
@@ -742,8 +785,7 @@ class _Run:
         self._push(end, unit, payload)
         if pipelined:
             # Equal stages: the next batch may enter stage 0 after one stage time.
-            self.free_at[unit] = now + max(1, dur // self.depth[unit])
-            self._push(self.free_at[unit], unit, None)
+            self.free_at[unit] = start + max(1, dur // self.depth[unit])
 
     def _record_power(self, members: list[int], payload: list, start: int, dur: int) -> None:
         by_idx = dict(payload)
@@ -769,7 +811,12 @@ class _Run:
         for a stage or its own step, or has nothing to schedule."""
         now = self.now
         for v, members in enumerate(self.units):
-            if v == unit or self.inflight_count[v] >= self.depth[v] or self.free_at[v] > now:
+            if v == unit:
+                continue
+            if self.pipelined[v]:
+                if self.inflight_count[v] and not self.may_chain[v]:
+                    continue  # blocked on its oldest batch
+            elif self.inflight_count[v] >= self.depth[v] or self.free_at[v] > now:
                 continue
             if self.async_unit[v] and self.inflight_count[v] and not self.may_chain[v]:
                 continue

@@ -13,8 +13,8 @@ completion must finish the same requests; and the engine must call them in an or
 vLLM's ``step``/``step_with_batch_queue`` can (``replay_in_vllm`` checks that too).
 Each case then runs again with event leaping on, which must change nothing.
 
-One instance; no pipeline parallelism by default (``PARITY_ENGINE_PP=1`` draws pp 2-3
-too, where the engine's stage timing deviates: see the xfail test at the end).
+One instance; pipeline parallelism (pp 2-3, vLLM's batch queue of pp batches) is drawn
+too unless ``PARITY_ENGINE_PP=0``.
 ``PARITY_ENGINE_EXAMPLES`` sets the number of examples (25 by default).
 """
 
@@ -41,12 +41,12 @@ from sim.request import Request  # noqa: E402
 
 @st.composite
 def engine_cases(draw) -> tuple[Case, int]:
-    """A scheduler case (without pipeline parallelism unless ``PARITY_ENGINE_PP``), and
+    """A scheduler case (without pipeline parallelism if ``PARITY_ENGINE_PP=0``), and
     the nanoseconds per arrival iteration (from bursts inside one step to one arrival
     every few steps)."""
     case = draw(cases())
-    if not os.environ.get("PARITY_ENGINE_PP"):
-        case.pp = 1  # (see test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one)
+    if os.environ.get("PARITY_ENGINE_PP") == "0":
+        case.pp = 1
     return case, draw(st.sampled_from([1_000_000, 20_000_000, 150_000_000]))
 
 
@@ -84,6 +84,7 @@ def _run(case: Case, ns_per_iter: int, bundle_root, monkeypatch, max_calls: int 
 @given(ec=engine_cases())
 def test_engine_matches_vllm_on_random_workloads(ec, bundle_root, model_dir, monkeypatch):
     case, ns_per_iter = ec
+    event(f"pp={case.pp}" + (", async scheduling" if case.async_sched else ""))
     try:
         events, read_at, result = _run(case, ns_per_iter, bundle_root, monkeypatch)
     except InputError as e:
@@ -122,10 +123,6 @@ def test_random_engine_case_reaches_vllm(bundle_root, model_dir, monkeypatch):
     assert replay_in_vllm(events, read_at, case, model_dir) == result.summary["preemptions"] > 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine deviation, reported: with pipeline parallelism sim's engine "
-                   "schedules again when a stage frees; vLLM, having scheduled nothing, "
-                   "blocks on its oldest step")
 def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_root, model_dir,
                                                                        monkeypatch):
     """Found by the fuzz above with ``PARITY_ENGINE_PP=1`` (shrunk). pp=2, no async
@@ -133,10 +130,10 @@ def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_roo
     is not full; when that schedules nothing (every running request has its step in
     flight) it blocks until the oldest batch is done and processes its output, and only
     then schedules again: a request arriving meanwhile waits for that. Sim's engine
-    schedules again as soon as the last batch has left the first stage (``free_at``), so
-    the arrival (request 1 here) starts one stage time after the empty attempt, before
-    the oldest batch's output is in. The replay fails with "scheduled ... where vLLM waits
-    for its oldest step"."""
+    scheduled again as soon as the last batch had left the first stage, so the arrival
+    (request 1 here) started one stage time after the empty attempt, before the oldest
+    batch's output was in (the replay failed with "scheduled ... where vLLM waits for its
+    oldest step")."""
     reqs = [(3, [2, 16, 32, 31, 25, 19, 30, 22, 37, 13, 32, 8, 18, 8, 48, 6, 30, 28, 33, 16,
                  3, 35], [45, 42, 40, 0, 39, 31, 21, 15, 46, 20, 45, 4, 12], 1),
             (4, [34, 28, 5], [20, 32, 31], 2)]
@@ -145,21 +142,17 @@ def test_pipeline_engine_waits_for_the_oldest_step_after_an_empty_one(bundle_roo
     replay_in_vllm(events, read_at, case, model_dir)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine deviation, reported: with pipeline parallelism and async "
-                   "scheduling sim's engine waits for a stage to free before it schedules; "
-                   "vLLM fills its batch queue at once")
 def test_pipeline_engine_fills_its_batch_queue_at_once(bundle_root, model_dir, monkeypatch):
     """The other side of the same engine rule (found with the check above disabled). pp=3,
     async scheduling, one sequence at a time: while its queue holds fewer than pp batches
     vLLM schedules again at once (a running request's next decode, its token still a
     placeholder), and processes the oldest output only when the queue is full or the step
-    is empty. Sim's engine waits until the last batch has left the first stage; when the
-    oldest batch is done by then, it processes that output first. Here, with request 1's
-    prefill in flight, sim waits for the oldest batch where vLLM, its queue not full,
+    is empty. Sim's engine waited until the last batch had left the first stage; when the
+    oldest batch was done by then, it processed that output first. Here, with request 1's
+    prefill in flight, sim waited for the oldest batch where vLLM, its queue not full,
     schedules request 1's first decode on a placeholder (``sim waited for its oldest step
-    where vLLM schedules ([(1, 5, 1)], ...)``): sim keeps fewer steps in flight than vLLM
-    under PP."""
+    where vLLM schedules ([(1, 5, 1)], ...)``). Also checks the empty step before request
+    1 arrives: it holds a slot of vLLM's queue (the queue is full with one batch less)."""
     reqs = [(9, [17, 8, 11, 43, 0, 21, 32, 29, 38, 5, 21, 35, 39, 44, 2, 46, 24, 10, 45, 28,
                  46, 27, 10, 10], [3, 7, 8, 32], 0),
             (9, [49, 44, 24, 47, 6], [18, 13, 43, 14, 46, 26, 5, 49, 17, 13, 25, 17, 21, 2,

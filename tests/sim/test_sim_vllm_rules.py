@@ -327,3 +327,58 @@ def test_a_cache_too_small_for_one_max_len_request_is_reported():
     assert text in mem.log_lines(131072)  # logged with vLLM's start-up lines
     assert mem.start_refusal(32768) == "" and mem.start_refusal(41376) == ""
     assert not any("refuse" in line for line in mem.log_lines(32768))
+
+
+# ------------------------------------------------ pipeline parallelism: vLLM's batch queue
+def _pp_run(pp: int, async_: bool, reqs: list[tuple[int, int, int]], monkeypatch):
+    """A pp-stage instance serving ``reqs`` (arrival ns, prompt, output); returns the
+    engine's scheduler calls in order: ("S", now, rids scheduled) and ("C", now)."""
+    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
+    wl = parse_jsonl_lines([json.dumps({"input_toks": n, "output_toks": o, "arrival_time_ns": t})
+                            for t, n, o in reqs])
+    calls = []
+    sched, comp = Scheduler.schedule, Scheduler.complete
+
+    def schedule(self, now):
+        b = sched(self, now)
+        calls.append(("S", now, [] if b is None else sorted(r.rid for r in b.requests)))
+        return b
+
+    def complete(self, batch, now, sink):
+        calls.append(("C", now))
+        return comp(self, batch, now, sink)
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule)
+    monkeypatch.setattr(Scheduler, "complete", complete)
+    sim.simulate(sim.parse_cluster(c), wl, SimOptions(
+        latency_provider="roofline", async_scheduling=async_, event_leaping=False))
+    monkeypatch.undo()
+    return calls
+
+
+def test_pipeline_engine_blocks_on_its_oldest_batch_after_an_empty_schedule(monkeypatch):
+    # vLLM's step_with_batch_queue: having scheduled nothing with a batch in flight, the
+    # engine waits for that batch's output; a request arriving meanwhile (after the
+    # batch has left the first stage) is scheduled only then (sim scheduled it at once).
+    first_end = next(t for k, t, *_ in _pp_run(2, False, [(0, 4096, 3)], monkeypatch)
+                     if k == "C")
+    calls = _pp_run(2, False, [(0, 4096, 3), (first_end * 3 // 4, 16, 3)], monkeypatch)
+    read = next(t for k, t, *rest in calls if k == "S" and 1 in rest[0])
+    assert read == first_end
+    # and every schedule with a batch in flight right after an empty one is preceded by
+    # that batch's completion
+    for prev, nxt in zip(calls, calls[1:]):
+        if prev[0] == "S" and not prev[2] and nxt[0] == "S":
+            assert not nxt[2]
+
+
+def test_pipeline_engine_fills_its_batch_queue_at_once(monkeypatch):
+    # With async scheduling vLLM schedules a running request's next decodes (on
+    # placeholders) at once while its queue of pp batches has room, not one stage later.
+    calls = _pp_run(3, True, [(0, 512, 8)], monkeypatch)
+    assert [c[:2] for c in calls[:3]] == [("S", 0)] * 3 and all(c[2] == [0] for c in calls[:3])
+    assert calls[3][0] == "C"  # the queue is full: the engine blocks on its oldest batch

@@ -507,7 +507,11 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
     """Drive vLLM's scheduler through the engine's recorded calls (each request added right
     before the schedule call that first read it; each completion updating the oldest step
     in flight with the same sampled tokens) and assert every call decides as sim's did.
-    Returns the number of preemptions seen."""
+    Returns the number of preemptions seen.
+
+    The batch queue is vLLM's: an empty step (scheduled while vLLM has requests) is queued
+    too (a None here) and holds its slot until the steps before it are processed (at the
+    head of the queue it is done: it goes at once)."""
     v = VllmSide(case, tmp_dir)
     by_call: dict[int, list] = {}
     for rid, (k, r) in read_at.items():
@@ -522,6 +526,7 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
             k += 1
             # vLLM's step_with_batch_queue never schedules with its batch queue full
             assert len(in_flight) < depth, f"call {n}: a step scheduled with the queue full"
+            had_requests = v.has_requests()
             handle, view = v.schedule()
             assert view == sim_view, f"call {n} (schedule {k}): sim {sim_view} != vLLM {view}"
             preemptions += len(view[1])
@@ -529,6 +534,8 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
                 in_flight.append(handle)
             else:  # an empty step: nothing runs, its (empty) output is processed
                 assert v.update(handle) == []
+                if in_flight and had_requests:
+                    in_flight.append(None)  # (its slot)
             # after an empty step with steps in flight, vLLM blocks on the oldest one:
             # sim may only ask again (pipeline parallelism: a stage freed) for nothing
             if not view[0] and in_flight and n + 1 < len(events) and events[n + 1][0] == "S":
@@ -548,14 +555,18 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
                 assert view[:2] == ([], []), \
                     f"call {n}: sim waited for its oldest step where vLLM schedules {view}"
                 assert v.update(handle) == []
+                in_flight.append(None)
             fin = v.update(in_flight.popleft())
+            while in_flight and in_flight[0] is None:
+                in_flight.popleft()
             assert fin == sim_view, f"call {n}: sim finished {sim_view} != vLLM {fin}"
     assert not by_call and not v.s.get_num_unfinished_requests()
     # Steps still in flight when the last request finished (with pipeline parallelism
     # and async scheduling, a step past a request's last token can be scheduled before
     # that token is in): the engine stops without them; they finish nothing.
     while in_flight:
-        assert v.update(in_flight.popleft()) == []
+        handle = in_flight.popleft()
+        assert handle is None or v.update(handle) == []
     return preemptions
 
 
