@@ -497,6 +497,11 @@ class _Run:
         #: units with pipeline stages: a batch enters the first stage once the one before
         #: it has left it (``free_at``), and the engine keeps up to pp batches queued
         self.pipelined = [d > 1 for d in depth]
+        #: pipelined units with async scheduling: vLLM 0.19's first stages receive each
+        #: step's sampled token ids from the last stage (a broadcast on the compute stream,
+        #: every step) before they run the next one, so steps do not overlap in the stages
+        self.serial_pipeline = [d > 1 and self.instances[m[0]].opts.async_enabled
+                                for d, m in zip(depth, units)]
         #: (pipelined) per batch in flight, oldest first, the empty steps vLLM queued
         #: behind it: each holds a slot of the batch queue until the batch is processed
         self.trail: list[deque] = [deque() for _ in units]
@@ -761,12 +766,15 @@ class _Run:
     def _launch(self, unit: int, members: list[int], payload: list, dur: int) -> None:
         """Put a timed step in flight: async units chain it after the step running;
         pipelined ones start it once the batch before has left the first stage (equal
-        stages) and keep batches in order through the stages."""
+        stages), or with async scheduling once it has left the last (``serial_pipeline``),
+        and keep batches in order through the stages."""
         now = self.now
         start = now
         pipelined = self.pipelined[unit]
-        if pipelined and self.free_at[unit] > now:
-            start = self.free_at[unit]
+        if pipelined:
+            start = max(now, self.free_at[unit])
+            if self.serial_pipeline[unit] and self.last_out[unit] > start:
+                start = self.last_out[unit]
         if self.async_unit[unit]:
             start = self.busy_until[unit] if self.busy_until[unit] > now else now
             self.busy_until[unit] = start + dur

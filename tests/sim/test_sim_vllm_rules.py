@@ -8,6 +8,7 @@ import json
 import pytest
 
 import sim
+from sim import engine
 from sim.kv_cache import KVCacheManager
 from sim.metrics import GapRuns
 from sim.options import SimOptions
@@ -64,7 +65,7 @@ def test_decode_with_a_step_in_flight_waits_without_async_scheduling():
     assert scheduled(s.schedule(1)) == {0: (10, 1)}
 
 
-def _prompt_ttft_ms(pp: int) -> float:
+def _prompt_ttft_ms(pp: int, async_scheduling: bool = False) -> float:
     c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
         "num_instances": 1, "instances": [{
             "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
@@ -72,7 +73,8 @@ def _prompt_ttft_ms(pp: int) -> float:
             "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
     wl = parse_jsonl_lines([json.dumps({"input_toks": 16384, "output_toks": 2,
                                         "arrival_time_ns": 0})])
-    res = sim.simulate(sim.parse_cluster(c), wl, SimOptions(latency_provider="roofline"))
+    res = sim.simulate(sim.parse_cluster(c), wl, SimOptions(
+        latency_provider="roofline", async_scheduling=async_scheduling))
     return res.summary["ttft_ms"]["mean"]
 
 
@@ -80,6 +82,16 @@ def test_long_prompt_ttft_falls_with_pipeline_stages():
     # The chunks of one 16k prompt overlap across stages (they did not: 858/866/881 ms).
     t1, t2, t4 = _prompt_ttft_ms(1), _prompt_ttft_ms(2), _prompt_ttft_ms(4)
     assert t2 < 0.75 * t1 and t4 < t2
+
+
+def test_long_prompt_chunks_do_not_overlap_with_async_pipeline():
+    # With async scheduling every stage but the last waits for each step's sampled ids
+    # before the next step (see test_async_pipeline_decode_waits_for_its_sampled_token),
+    # partial-prefill steps included: chunks pass the stages one at a time, so the prompt
+    # takes about as long as on one device (stage transfers added), not less.
+    t1 = _prompt_ttft_ms(1, async_scheduling=True)
+    t2, t4 = _prompt_ttft_ms(2, async_scheduling=True), _prompt_ttft_ms(4, async_scheduling=True)
+    assert t2 > 0.95 * t1 and t4 > 0.95 * t1
 
 
 # ------------------------------------------------------------ item 7: async scheduling
@@ -382,3 +394,57 @@ def test_pipeline_engine_fills_its_batch_queue_at_once(monkeypatch):
     calls = _pp_run(3, True, [(0, 512, 8)], monkeypatch)
     assert [c[:2] for c in calls[:3]] == [("S", 0)] * 3 and all(c[2] == [0] for c in calls[:3])
     assert calls[3][0] == "C"  # the queue is full: the engine blocks on its oldest batch
+
+
+def _pp_tpot_ns(pp: int, async_: bool) -> float:
+    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
+    wl = parse_jsonl_lines([json.dumps({"input_toks": 512, "output_toks": 16,
+                                        "arrival_time_ns": 0})])
+    r = sim.simulate(sim.parse_cluster(c), wl, SimOptions(
+        latency_provider="roofline", async_scheduling=async_, event_leaping=False))
+    req = r.requests[0]
+    return (req.last_token_ns - req.first_token_ns) / (req.output_len - 1)
+
+
+def test_async_pipeline_decode_waits_for_its_sampled_token():
+    # vLLM 0.19 with pipeline parallelism and async scheduling schedules a request's next
+    # decode on a placeholder. After each step's forward, every stage but the last
+    # receives that step's sampled token ids, broadcast by the last stage on the compute
+    # stream (gpu_model_runner's _pp_broadcast_prev_sampled_token_ids /
+    # _pp_receive_prev_sampled_token_ids_to_input_batch), before it runs the next step.
+    # So steps do not overlap in the stages: one sequence's TPOT is a full pass, as
+    # without async scheduling, not one stage time (sim gave about a quarter of it at
+    # pp 4).
+    for pp in (2, 4):
+        sync_tpot, async_tpot = _pp_tpot_ns(pp, False), _pp_tpot_ns(pp, True)
+        assert async_tpot >= 0.9 * sync_tpot, (pp, sync_tpot, async_tpot)
+
+
+def test_async_pipeline_steps_do_not_overlap_in_the_stages(monkeypatch):
+    # The broadcast is every step, whatever requests the next batch holds: with many
+    # requests a step enters the first stage only when the one before has left the last.
+    spans = []
+    launch = engine._Run._launch
+
+    def spy(self, unit, members, payload, dur):
+        launch(self, unit, members, payload, dur)
+        end = self.last_out[unit]
+        spans.append((end - dur, end))
+    monkeypatch.setattr(engine._Run, "_launch", spy)
+    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+        "num_instances": 1, "instances": [{
+            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": 4, "tp_size": 1, "pp_size": 4}]}]}
+    wl = parse_jsonl_lines([json.dumps({"input_toks": 300 + 7 * i, "output_toks": 12,
+                                        "arrival_time_ns": i * 2_000_000}) for i in range(20)])
+    sim.simulate(sim.parse_cluster(c), wl, SimOptions(latency_provider="roofline",
+                                                      async_scheduling=True,
+                                                      event_leaping=False))
+    assert len(spans) > 20
+    for (_, prev_end), (start, _) in zip(spans, spans[1:]):
+        assert start >= prev_end
