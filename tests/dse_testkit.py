@@ -30,3 +30,31 @@ def write_space(tmp: Path, name: str = "space.yaml", **overrides) -> Path:
     p = tmp / name
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p
+
+
+def assert_one_line(capsys, rc, needles) -> str:
+    """The command refused its input as dse should: exit 2 and one line on stderr,
+    ``dse: error: ...``, holding each of ``needles``; returns that line."""
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dse: error: "), err
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def runnable_tasks(space, n: int) -> list[dict]:
+    """The first ``n`` configurations of ``space``'s grid that pass the pre-simulation
+    check, as pool tasks (number, cluster, options)."""
+    from dse.config import make_trial_config, precheck
+
+    out = []
+    for params in space.grid():
+        cfg = make_trial_config(space, len(out), params)
+        if precheck(space, cfg) is None:
+            out.append({"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options})
+        if len(out) == n:
+            return out
+    raise AssertionError("not enough configurations")

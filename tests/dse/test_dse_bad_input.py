@@ -16,7 +16,7 @@ import time
 
 import pytest
 import yaml
-from dse_testkit import BASE_SPACE, write_space
+from dse_testkit import BASE_SPACE, assert_one_line, write_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,15 +101,6 @@ SEARCH_CASES = [
 class _NoDriver:
     def __init__(self, *a, **k):
         raise AssertionError("the search started: the input was not checked first")
-
-
-def assert_one_line(capsys, rc, needles):
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dse: error: "), err
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 @pytest.mark.parametrize("argv,needles", [c[1:] for c in SEARCH_CASES],

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 import yaml
-from dse_testkit import BASE_SPACE, write_space
+from dse_testkit import BASE_SPACE, assert_one_line, write_space
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,17 +25,6 @@ from dse.cli import main
 from sim.errors import InputError
 
 _TEXT = yaml.safe_dump(BASE_SPACE, sort_keys=False)
-
-
-def assert_one_line(capsys, rc, needles):
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dse: error: "), err
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
-    return lines[0]
 
 
 class _NoDriver:

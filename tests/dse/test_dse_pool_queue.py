@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-from dse_testkit import write_space
+from dse_testkit import runnable_tasks, write_space
 
-from dse.config import make_trial_config, precheck
 from dse.pool import RayPool
 from dse.space import load_space
 
@@ -16,24 +15,13 @@ WORKLOAD = {"generate": {"num_requests": 600, "rate": 40, "seed": 0,
                          "output": {"kind": "uniform", "low": 32, "high": 128}}}
 
 
-def _tasks(space, n):
-    out = []
-    for params in space.grid():
-        cfg = make_trial_config(space, len(out), params)
-        if precheck(space, cfg) is None:
-            out.append({"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options})
-        if len(out) == n:
-            return out
-    raise AssertionError("not enough configurations")
-
-
 def test_one_actor_takes_two_trials_and_runs_them_in_turn(tmp_path, ray_session):
     space = load_space(write_space(tmp_path, workload=WORKLOAD))
     pool = RayPool(space, 1, depth=2).start()
     try:
         assert pool.size == 1 and pool.free == 2
         t0 = time.monotonic()
-        for task in _tasks(space, 3):
+        for task in runnable_tasks(space, 3):
             pool.submit(task)
         # two handed to the actor at once (one running, one waiting there), one held back
         assert len(pool._running) == 2 and len(pool._pending) == 1 and pool.free == 0

@@ -8,20 +8,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from dse_testkit import BASE_SPACE
+from dse_testkit import BASE_SPACE, assert_one_line
 
 import dse.study
 from dse.cli import main
-
-
-def assert_one_line(capsys, rc, needles):
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dse: error: "), err
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 class _NoDriver:

@@ -8,22 +8,10 @@ import os
 import signal
 import time
 
-from dse_testkit import write_space
+from dse_testkit import runnable_tasks, write_space
 
-from dse.config import make_trial_config, precheck
 from dse.pool import RayPool, warmup_tasks
 from dse.space import load_space
-
-
-def _tasks(space, n):
-    out = []
-    for params in space.grid():
-        cfg = make_trial_config(space, len(out), params)
-        if precheck(space, cfg) is None:
-            out.append({"number": cfg.number, "cluster": cfg.cluster, "options": cfg.options})
-        if len(out) == n:
-            return out
-    raise AssertionError("not enough configurations")
 
 
 def _drain(pool, n, deadline):
@@ -45,7 +33,7 @@ def test_replacement_actor_warms_up_before_its_first_trial(tmp_path, ray_session
         first = pool._actors[0]
         assert ray.get(pool._control(first, "warmed_configs"), timeout=30) == 2
         os.kill(ray.get(pool._control(first, "pid"), timeout=30), signal.SIGKILL)
-        tasks = _tasks(space, 2)
+        tasks = runnable_tasks(space, 2)
         for task in tasks:
             pool.submit(task)
         results = _drain(pool, 2, deadline)

@@ -65,12 +65,17 @@ def test_decode_with_a_step_in_flight_waits_without_async_scheduling():
     assert scheduled(s.schedule(1)) == {0: (10, 1)}
 
 
-def _prompt_ttft_ms(pp: int, async_scheduling: bool = False) -> float:
-    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
+def _pp_cluster(pp: int) -> dict:
+    """One H100 instance of Llama-3.1-8B over ``pp`` pipeline stages (a cluster dict)."""
+    return {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
         "num_instances": 1, "instances": [{
             "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
             "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
             "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
+
+
+def _prompt_ttft_ms(pp: int, async_scheduling: bool = False) -> float:
+    c = _pp_cluster(pp)
     wl = parse_jsonl_lines([json.dumps({"input_toks": 16384, "output_toks": 2,
                                         "arrival_time_ns": 0})])
     res = sim.simulate(sim.parse_cluster(c), wl, SimOptions(
@@ -345,11 +350,7 @@ def test_a_cache_too_small_for_one_max_len_request_is_reported():
 def _pp_run(pp: int, async_: bool, reqs: list[tuple[int, int, int]], monkeypatch):
     """A pp-stage instance serving ``reqs`` (arrival ns, prompt, output); returns the
     engine's scheduler calls in order: ("S", now, rids scheduled) and ("C", now)."""
-    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
-        "num_instances": 1, "instances": [{
-            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
-            "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
+    c = _pp_cluster(pp)
     wl = parse_jsonl_lines([json.dumps({"input_toks": n, "output_toks": o, "arrival_time_ns": t})
                             for t, n, o in reqs])
     calls = []
@@ -397,11 +398,7 @@ def test_pipeline_engine_fills_its_batch_queue_at_once(monkeypatch):
 
 
 def _pp_tpot_ns(pp: int, async_: bool) -> float:
-    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
-        "num_instances": 1, "instances": [{
-            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
-            "num_npus": pp, "tp_size": 1, "pp_size": pp}]}]}
+    c = _pp_cluster(pp)
     wl = parse_jsonl_lines([json.dumps({"input_toks": 512, "output_toks": 16,
                                         "arrival_time_ns": 0})])
     r = sim.simulate(sim.parse_cluster(c), wl, SimOptions(
@@ -435,11 +432,7 @@ def test_async_pipeline_steps_do_not_overlap_in_the_stages(monkeypatch):
         end = self.last_out[unit]
         spans.append((end - dur, end))
     monkeypatch.setattr(engine._Run, "_launch", spy)
-    c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
-        "num_instances": 1, "instances": [{
-            "model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
-            "num_npus": 4, "tp_size": 1, "pp_size": 4}]}]}
+    c = _pp_cluster(4)
     wl = parse_jsonl_lines([json.dumps({"input_toks": 300 + 7 * i, "output_toks": 12,
                                         "arrival_time_ns": i * 2_000_000}) for i in range(20)])
     sim.simulate(sim.parse_cluster(c), wl, SimOptions(latency_provider="roofline",
