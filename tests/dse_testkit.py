@@ -58,3 +58,9 @@ def runnable_tasks(space, n: int) -> list[dict]:
         if len(out) == n:
             return out
     raise AssertionError("not enough configurations")
+
+
+#: ten short requests: a search whose trials take milliseconds
+TINY_WORKLOAD = {"generate": {"num_requests": 10, "arrival": "poisson", "rate": 20,
+                              "input": {"kind": "uniform", "low": 64, "high": 128},
+                              "output": {"kind": "uniform", "low": 8, "high": 16}, "seed": 0}}

@@ -8,6 +8,8 @@ pytest's ``pythonpath``, so test files import them as ``from sim_testkit import 
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -151,3 +153,21 @@ def flat_workload(specs, ids=None) -> sim.Workload:
         reqs.append(Request(i, arr, n_in, n_out,
                             input_ids=None if ids is None else list(ids[i])))
     return sim.Workload(reqs, source="<test>")
+
+
+@contextmanager
+def edited_hardware_catalogue(tmp_path: Path, monkeypatch, name: str, old: str, new: str):
+    """Inside: the project's profiles folder, copied under ``tmp_path`` with ``old``
+    replaced by ``new`` in ``hardware/<name>``, is the one the simulator reads (no bundle
+    cache); the catalogue is reloaded on entry and on exit."""
+    root = tmp_path / "profiles"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "profiles", root)
+    f = root / "hardware" / name
+    f.write_text(f.read_text().replace(old, new))
+    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(root))
+    monkeypatch.setenv("LLMSIM_CACHE_DIR", "off")
+    sim.hardware.clear_cache()
+    try:
+        yield f
+    finally:
+        sim.hardware.clear_cache()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 
 import pandas as pd
+import pytest
 from dse_testkit import write_space
 
 from dse.space import load_space
@@ -18,7 +19,10 @@ WORKLOAD = {"generate": {"num_requests": 40, "arrival": "poisson", "rate": 60,
                          "output": {"kind": "uniform", "low": 16, "high": 64}, "seed": 0}}
 
 
-def test_capacity_search_benches_at_the_capacity(tmp_path):
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    """One capacity search over two configurations (both tests read its folder)."""
+    tmp_path = tmp_path_factory.mktemp("capacity")
     space = load_space(write_space(
         tmp_path, workload=WORKLOAD, knobs={"tp": [1, 2], "replicas": [1]},
         capacity={"enabled": True, "start_rate": 5, "max_rate": 400, "tolerance": 0.1,
@@ -26,6 +30,10 @@ def test_capacity_search_benches_at_the_capacity(tmp_path):
         search={"sampler": "grid", "n_trials": 2, "seed": 0}))
     out = tmp_path / "out"
     Driver(space, out, workers=0, progress=False).run()
+    return out
+
+
+def test_capacity_search_benches_at_the_capacity(out):
     front = pd.read_csv(out / "pareto.csv")
     assert len(front) >= 1
     for _, row in front.iterrows():
@@ -39,16 +47,9 @@ def test_capacity_search_benches_at_the_capacity(tmp_path):
         assert f"at {row['capacity_rps']:g} req/s" in serve, serve.splitlines()[:4]
 
 
-def test_capacity_shows_in_the_pareto_tables(tmp_path, capsys):
+def test_capacity_shows_in_the_pareto_tables(out, capsys):
     """The capacity a capacity search found is its main result: the report's Pareto table
     and ``dse show`` list it (before, neither had the column)."""
-    space = load_space(write_space(
-        tmp_path, workload=WORKLOAD, knobs={"tp": [1, 2], "replicas": [1]},
-        capacity={"enabled": True, "start_rate": 5, "max_rate": 400, "tolerance": 0.1,
-                  "max_probes": 8},
-        search={"sampler": "grid", "n_trials": 2, "seed": 0}))
-    out = tmp_path / "out"
-    Driver(space, out, workers=0, progress=False).run()
     html = (out / "report.html").read_text()
     assert "Capacity (highest rate meeting the SLOs) (req/s)" in html
     from dse.cli import main

@@ -5,18 +5,14 @@ in-process" (--workers 2 asked for): nothing had been simulated, and no worker s
 from __future__ import annotations
 
 import yaml
-from dse_testkit import BASE_SPACE
+from dse_testkit import BASE_SPACE, TINY_WORKLOAD
 
 from dse.cli import main
-
-WORKLOAD = {"generate": {"num_requests": 10, "arrival": "poisson", "rate": 20,
-                         "input": {"kind": "uniform", "low": 64, "high": 128},
-                         "output": {"kind": "uniform", "low": 8, "high": 16}, "seed": 0}}
 
 
 def test_resumed_summary_counts_this_run(tmp_path, capsys):
     space, out = tmp_path / "space.yaml", tmp_path / "out"
-    space.write_text(yaml.safe_dump({**BASE_SPACE, "workload": WORKLOAD,
+    space.write_text(yaml.safe_dump({**BASE_SPACE, "workload": TINY_WORKLOAD,
                                      "knobs": {"tp": [1, 2, 4]},
                                      "search": {"sampler": "grid", "n_trials": 3, "seed": 0}}))
     args = ["search", str(space), "--out", str(out), "--workers", "0", "--no-progress"]

@@ -5,18 +5,14 @@ budget was capped. Before, ``--n-trials 100`` on a space of one configuration pr
 from __future__ import annotations
 
 import yaml
-from dse_testkit import BASE_SPACE
+from dse_testkit import BASE_SPACE, TINY_WORKLOAD
 
 from dse.cli import main
-
-WORKLOAD = {"generate": {"num_requests": 10, "arrival": "poisson", "rate": 20,
-                         "input": {"kind": "uniform", "low": 64, "high": 128},
-                         "output": {"kind": "uniform", "low": 8, "high": 16}, "seed": 0}}
 
 
 def test_summary_says_n_trials_was_capped(tmp_path, capsys):
     space, out = tmp_path / "space.yaml", tmp_path / "out"
-    space.write_text(yaml.safe_dump({**BASE_SPACE, "workload": WORKLOAD,
+    space.write_text(yaml.safe_dump({**BASE_SPACE, "workload": TINY_WORKLOAD,
                                      "knobs": {"tp": [1, 2], "replicas": [1]},
                                      "search": {"sampler": "tpe", "n_trials": 4, "seed": 0}}))
     args = ["search", str(space), "--out", str(out), "--workers", "0", "--no-progress"]

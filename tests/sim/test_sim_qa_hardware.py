@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sim_testkit import edited_hardware_catalogue
 
 import sim
 from sim.cli import main
@@ -72,22 +73,12 @@ def test_good_entries_still_load():
 
 def test_llmsim_run_with_a_broken_catalogue_is_one_line(tmp_path, capsys, monkeypatch):
     # the whole profiles folder, with the RTX PRO 6000 entry's bandwidth as YAML .nan
-    import shutil
-
-    root = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles", root)
-    f = root / "hardware/RTXPRO6000.yaml"
-    f.write_text(f.read_text().replace("\nmem_bw_GBps: ", "\nmem_bw_GBps: .nan #"))
-    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(root))
-    monkeypatch.setenv("LLMSIM_CACHE_DIR", "off")
-    sim.hardware.clear_cache()
-    try:
+    with edited_hardware_catalogue(tmp_path, monkeypatch, "RTXPRO6000.yaml",
+                                   "\nmem_bw_GBps: ", "\nmem_bw_GBps: .nan #"):
         rc = main(["run", "--cluster", str(REPO / "../shared/data/llmservingsim-configs/"
                                            "cluster/single_node_single_instance.json"),
                    "--dataset", str(REPO / "../shared/data/workloads/example_trace.jsonl"),
                    "--output", str(tmp_path / "o.csv"), "--latency-provider", "roofline"])
-    finally:
-        sim.hardware.clear_cache()
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1 and "RTXPRO6000.yaml" in err and "mem_bw_GBps" in err, err

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sim_testkit import edited_hardware_catalogue
 
 from sim.cli import main
 
@@ -46,23 +47,11 @@ def test_years_of_simulated_time_stop_with_one_line(tmp_path, capsys, field, val
 def test_clock_past_a_float_still_one_line(tmp_path, capsys, monkeypatch):
     # a catalogue peak of 1e-300 TFLOPS: the clock passes 1e308 ns, which the message
     # first formatted as a float (OverflowError traceback)
-    import shutil
-
-    import sim
-
-    root = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles", root)
-    f = root / "hardware/RTXPRO6000.yaml"
-    f.write_text(f.read_text().replace("peak_tflops: {bf16:", "peak_tflops: {bf16: 1.0e-300, x:"))
-    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(root))
-    monkeypatch.setenv("LLMSIM_CACHE_DIR", "off")
     (tmp_path / "w.jsonl").write_text('{"input_toks": 50, "output_toks": 5}\n')
-    sim.hardware.clear_cache()
-    try:
+    with edited_hardware_catalogue(tmp_path, monkeypatch, "RTXPRO6000.yaml",
+                                   "peak_tflops: {bf16:", "peak_tflops: {bf16: 1.0e-300, x:"):
         rc = main(["run", "--cluster", str(TP2), "--dataset", str(tmp_path / "w.jsonl"),
                    "--output", str(tmp_path / "o.csv"), "--latency-provider", "roofline"])
-    finally:
-        sim.hardware.clear_cache()
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert "simulated clock reached" in err and "e+" in err, err
