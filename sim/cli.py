@@ -56,22 +56,27 @@ def _check_run_flags(args) -> None:
         raise InputError(f"--timeseries-interval-s must be a positive number of seconds in "
                          f"0.001..1e9, got {iv}")
     check_engine_flags(args)
-    out = Path(args.output)
-    defaults = {flag: Path(str(out.with_suffix("")) + suffix)
-                for suffix, flag in ((".summary.json", "--summary"),
-                                     (".timeseries.csv", "--timeseries"))}
+    summary, series = _side_files(args)
     check_distinct_paths(
-        [("--output", out), ("--summary", args.summary or defaults["--summary"]),
-         ("--timeseries", args.timeseries or defaults["--timeseries"])],
+        [("--output", Path(args.output)), ("--summary", summary), ("--timeseries", series)],
         [("--cluster", args.cluster), ("--dataset", args.dataset)])
-    out = check_output_file(args.output, "--output")
+    check_output_file(args.output, "--output")
     if args.summary:
         check_output_file(args.summary, "--summary")
     if args.timeseries:
         check_output_file(args.timeseries, "--timeseries")
-    for flag, default in defaults.items():
-        if getattr(args, flag[2:]) is None and default.is_dir():
+    for flag, given, default in (("--summary", args.summary, summary),
+                                 ("--timeseries", args.timeseries, series)):
+        if given is None and Path(default).is_dir():
             raise InputError(f"{flag} (default {str(default)!r}) is a folder; give {flag}")
+
+
+def _side_files(args) -> tuple[str, str]:
+    """The summary JSON and time-series CSV ``llmsim run`` writes: as given, or by default
+    beside ``--output`` (``<output>.summary.json``, ``<output>.timeseries.csv``)."""
+    stem = str(Path(args.output).with_suffix(""))
+    return (args.summary or stem + ".summary.json",
+            args.timeseries or stem + ".timeseries.csv")
 
 
 def _check_instance_limits(cluster, opts) -> None:
@@ -131,8 +136,7 @@ def _run(args) -> int:
     check_workload(workload, cluster, opts)
     result = sim.simulate(cluster, workload, opts)
     out = Path(args.output)
-    summary = args.summary or str(out.with_suffix("")) + ".summary.json"
-    series = args.timeseries or str(out.with_suffix("")) + ".timeseries.csv"
+    summary, series = _side_files(args)
     result.write(out, summary, series)
     s = result.summary
     print(f"{s['num_finished']}/{s['num_requests']} requests in {s['simulated_s']:.2f} s simulated "
