@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 EXIT_INPUT_ERROR = 2
+#: no number in an input file (cluster, hardware catalogue) is meaningfully this large: a typo
+MAX_NUMBER = 1e15
 
 
 class InputError(Exception):

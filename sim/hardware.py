@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from sim.errors import InputError, unknown_name
+from sim.errors import MAX_NUMBER, InputError, unknown_name
 from sim.paths import profiles_root
 from sim.yamlio import load_yaml_files
 
@@ -103,16 +103,15 @@ def _number(d: dict, key: str, source: str) -> float:
 
 
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
-#: finite and at most _MAX_NUMBER (as in a cluster file: sim.schema.MAX_NUMBER)
+#: finite and at most MAX_NUMBER (as in a cluster file)
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
                  "clock_GHz", "price_per_hour_usd", "pim_mem_GiB")
-_MAX_NUMBER = 1e15
 
 
 def _bad_number(v: object, positive: bool) -> bool:
     return (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-            or v > _MAX_NUMBER or (v <= 0 if positive else v < 0))
+            or v > MAX_NUMBER or (v <= 0 if positive else v < 0))
 
 
 def _check_fields(d: dict, source: str) -> None:

@@ -20,12 +20,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from sim.errors import InputError
+from sim.errors import MAX_NUMBER, InputError
 
 #: a field given as null takes its default, as if absent
 DEFAULT = object()
-#: no number in an input file is meaningfully this large: a typo
-MAX_NUMBER = 1e15
 
 
 def allowed(names) -> str:
