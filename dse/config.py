@@ -10,7 +10,6 @@ hold the workload's longest request) and the export of a configuration as the eq
 from __future__ import annotations
 
 import functools
-
 import json
 import shlex
 from dataclasses import dataclass

@@ -211,8 +211,7 @@ def _table(space: Space, front: pd.DataFrame, exported: dict) -> str:
     names = [o.name for o in space.objectives]
     arrow = {"maximize": " ↑", "minimize": " ↓"}
     cols = ["trial", *names, *space.searched_knobs, "devices_used", "capacity_rps",
-            "ttft_ms.p99",
-            "tpot_ms.p99", "attainment", "repeats"]
+            "ttft_ms.p99", "tpot_ms.p99", "attainment", "repeats"]
     cols = [c for c in dict.fromkeys(cols) if c in front.columns]
     dirs = {o.name: o.direction for o in space.objectives}
     head = "".join(f"<th>{html.escape(label(c))}{arrow.get(dirs.get(c, ''), '')}</th>"

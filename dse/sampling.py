@@ -29,7 +29,8 @@ from dse.space import Space
 log = logging.getLogger(__name__)
 
 __all__ = ["DESIGN_ATTR", "covering_size", "design_size", "enqueue_initial_design", "feasible_set",
-           "initial_design", "refuse_empty_space", "make_sampler", "resolved_sampler", "sampler_settings"]
+           "initial_design", "make_sampler", "refuse_empty_space", "resolved_sampler",
+           "sampler_settings"]
 
 #: study user attribute set once the initial design is enqueued (value: its size)
 DESIGN_ATTR = "dse.initial_design"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import deque
 import time
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import lt
