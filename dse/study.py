@@ -277,24 +277,23 @@ class Driver:
         for i in order:  # rejected ones do not count: the whole grid, in a random order
             study.enqueue_trial(grid[int(i)])
 
-    def _start_pool(self):
+    def _start_pool(self) -> None:
         """Start ``self.pool`` (made here unless given); it is ``self.pool`` while it
         starts, so an interrupted start is shut down with it."""
         if self.pool is not None:
             if hasattr(self.pool, "start") and not getattr(self.pool, "size", 0):
                 self.pool = self.pool.start() or self.pool
-            return self.pool
+            return
         from dse.pool import LocalPool, RayPool, warmup_tasks
 
         if self.workers == 0:
             self.pool = LocalPool(self.space)
-            return self.pool.start()
+            return
         self.pool = RayPool(self.space, self.workers or None, address=self.ray_address,
                             trial_timeout_s=self.space.search.trial_timeout_s,
                             warmup=warmup_tasks(self.space))
         self.pool.start()
         self.timings.update(self.pool.timings)
-        return self.pool
 
     # ---------------------------------------------------------------- trials
     def _task(self, cfg) -> dict:
