@@ -69,6 +69,15 @@ class HardwareSpec:
     #: whether two GPUs of this kind reach each other's memory directly (CUDA peer access:
     #: NVLink, or PCIe P2P where the card allows it); vLLM's custom all-reduce needs it
     peer_access: bool = False
+    #: what a card of this kind was measured to sustain (experiments/gpu_probe.py), not
+    #: its datasheet: the TFLOPS of its best large dense GEMM per dtype key, and the bytes/s
+    #: a one-token GEMM streams its weights at. The roofline provider runs no faster than
+    #: these. Empty / None: not measured.
+    measured_gemm_tflops: dict[str, float] = field(default_factory=dict)
+    measured_mem_bw_GBps: float | None = None
+    #: the soft-roofline exponent of this card's GEMMs, fitted to the same measured GEMMs
+    #: (how fully its kernels overlap weight loads with math); None: the calibration's
+    gemm_overlap_p: float | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -90,6 +99,16 @@ class HardwareSpec:
                              f"(has {sorted(self.peak_tflops)})", source=self.source or None)
         return tf * 1e12
 
+    def measured_flops(self, dtype: str) -> float | None:
+        """The measured sustained GEMM FLOP/s for a dtype (bf16 and fp16 stand in for each
+        other: the same tensor-core rate), or None where not measured."""
+        key = _DTYPE_KEY.get(dtype, dtype)
+        table = self.measured_gemm_tflops
+        tf = table.get(key)
+        if tf is None and key in ("bf16", "fp16"):
+            tf = table.get("fp16" if key == "bf16" else "bf16")
+        return None if tf is None else tf * 1e12
+
     @property
     def mem_bw_Bps(self) -> float:
         return self.mem_bw_GBps * 1e9
@@ -104,9 +123,14 @@ def _number(d: dict, key: str, source: str) -> float:
 
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
 #: finite and at most MAX_NUMBER (as in a cluster file)
-_POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps")
+_POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
+             "measured_mem_bw_GBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
                  "clock_GHz", "price_per_hour_usd", "pim_mem_GiB")
+
+
+#: the dtype keys a measured GEMM rate may name
+_MEASURED_KEYS = ("bf16", "fp16", "fp8", "fp32")
 
 
 def _bad_number(v: object, positive: bool) -> bool:
@@ -136,12 +160,28 @@ def _check_fields(d: dict, source: str) -> None:
             isinstance(a, (str, int)) and not isinstance(a, bool) for a in aliases)):
         raise InputError(f"field 'aliases' must be a list of names, got {aliases!r}",
                          source=source)
-    peak = d["peak_tflops"]
-    if not isinstance(peak, dict) or not peak:
-        raise InputError("field 'peak_tflops' must map dtype -> TFLOPS", source=source)
-    for k, v in peak.items():
+    _check_tflops(d, "peak_tflops", source, required=True)
+    p = d.get("gemm_overlap_p")
+    if p is not None and (_bad_number(p, True) or not 1 <= p <= 50):
+        raise InputError(f"field 'gemm_overlap_p' must be a number in 1..50 (the soft-"
+                         f"roofline exponent), got {p!r}", source=source)
+    _check_tflops(d, "measured_gemm_tflops", source, required=False)
+
+
+def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
+    """A dtype -> TFLOPS mapping: peak_tflops (required, any dtype key) or the measured
+    rates (optional, keyed like the dtypes a model runs in)."""
+    table = d.get(key)
+    if table is None and not required:
+        return
+    if not isinstance(table, dict) or (required and not table):
+        raise InputError(f"field {key!r} must map dtype -> TFLOPS", source=source)
+    for k, v in table.items():
+        if not required and k not in _MEASURED_KEYS:
+            raise InputError(f"field '{key}.{k}': unknown dtype key; allowed: "
+                             f"{', '.join(_MEASURED_KEYS)}", source=source)
         if _bad_number(v, True):
-            raise InputError(f"field 'peak_tflops.{k}' must be a positive finite number "
+            raise InputError(f"field '{key}.{k}' must be a positive finite number "
                              f"(TFLOPS) <= 1e+15, got {v!r}", source=source)
 
 
@@ -211,6 +251,11 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         num_sms=sms,
         devices_per_node=per_node,
         peer_access=peer,
+        measured_gemm_tflops={str(k): float(v)
+                              for k, v in (d.get("measured_gemm_tflops") or {}).items()},
+        measured_mem_bw_GBps=(None if d.get("measured_mem_bw_GBps") is None
+                              else float(d["measured_mem_bw_GBps"])),
+        gemm_overlap_p=None if d.get("gemm_overlap_p") is None else float(d["gemm_overlap_p"]),
         source=source,
     )
 

@@ -16,6 +16,7 @@ import yaml
 
 import sim
 from sim.cluster import GiB
+from sim.hardware import load_hardware
 from sim.memory import (NON_TORCH_BASE_BYTES, NON_TORCH_COMM_BYTES, activation_peak_bytes,
                         weight_bytes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, load_model
@@ -111,14 +112,18 @@ def mem_size_for_blocks(num_blocks: int, block_size: int = 16, model: str = MODE
     return (fixed + (num_blocks + 0.5) * block_bytes) / GiB
 
 
-def util_with_overhead(util: float, mem_size_gib: float, model: str = MODEL) -> float:
-    """``util`` plus the share of ``mem_size_gib`` that vLLM's accounting takes beyond the
-    parameters (rotary table, profile-run activation peak at the default limits, non-torch
-    memory): a tight-memory test keeps the KV pool it was written for."""
+def util_with_overhead(util: float, mem_size_gib: float, model: str = MODEL, *,
+                       hardware: str) -> float:
+    """The gpu_memory_utilization that leaves the KV pool ``util x mem_size_gib`` less the
+    parameters: vLLM's accounting also takes the rotary table, the profile-run activation
+    peak at the default limits and non-torch memory, and its fraction is of what CUDA
+    reports (the hardware's share of the nominal size). A tight-memory test keeps the KV
+    pool it was written for."""
     spec = load_model(model)
     extra = (weight_bytes(spec, 1, 1, 1) - spec.weight_bytes(1, 1, 1)
              + activation_peak_bytes(spec, 1, 1, 2048, 256) + NON_TORCH_BASE_BYTES)
-    return util + extra / (mem_size_gib * GiB)
+    visible = load_hardware(hardware).mem_visible_fraction
+    return (util + extra / (mem_size_gib * GiB)) / visible
 
 
 def cluster_dict(num_blocks: int = 400, instances: int = 1, block_size: int = 16,

@@ -210,6 +210,25 @@ def soft_roofline(c, m, p):
     return m * (1.0 + (c / m) ** p) ** (1.0 / p)
 
 
+#: the classes whose kernels the catalogue's measured GEMM rates describe (cuBLAS GEMMs;
+#: lm_head is one); attention (FlashAttention), MoE (fused_moe) and the elementwise
+#: kernels were not measured and keep the datasheet figures
+MEASURED_GEMM_CLASSES = ("gemm", "lm_head")
+
+
+def measured_ceiling(datasheet: float, measured: float | None, efficiency: float) -> float:
+    """The rate to scale a GEMM class's calibrated efficiency by: the datasheet figure,
+    cut where the card was measured to sustain less than the calibrated efficiency says.
+
+    The GEMM efficiencies are fitted on GPUs that run GEMMs at about their datasheet peak
+    and bandwidth (``efficiency`` ~1); a card measured below that (Hopper's tensor cores
+    sustain ~75% of the datasheet within 700 W, its GEMMs stream weights at ~85% of the
+    HBM figure) runs them at the measured rate."""
+    if measured is None:
+        return datasheet
+    return datasheet * min(1.0, measured / (datasheet * efficiency))
+
+
 # ---------------------------------------------------------------------- provider
 class _Class:
     """Per-class constants folded with the hardware: seconds per FLOP and per byte."""
@@ -227,7 +246,9 @@ class _Class:
 
 
 class RooflineProvider(LatencyProvider):
-    """Calibrated soft roofline on the hardware catalogue's datasheet numbers.
+    """Calibrated soft roofline on the hardware catalogue's datasheet numbers, no faster
+    than the card's measured sustained rates where the catalogue has them
+    (:func:`measured_ceiling`).
 
     Precision: FP8 weights (``quantization: fp8``) run the GEMM and MoE classes at the
     hardware's fp8 peak and move 1-byte weights; an FP8 KV cache halves the KV bytes that
@@ -256,6 +277,8 @@ class RooflineProvider(LatencyProvider):
         bw = self.hw.mem_bw_Bps
         self._cls = {c: _Class(cal[c], peaks.get(c, peak), bw) for c in CLASSES
                      if c != "attn_mixed"}
+        for c in MEASURED_GEMM_CLASSES:
+            self._cls[c] = _Class(*self._measured_gemm(cal, c, model, peaks.get(c, peak), bw))
         self._r = RankDims(model, tp)
         self._min_rows = cal["attn_prefill"]["min_parallel_rows"]
         self._pad = cal["attn_mixed"]["decode_pad_rows"]
@@ -267,6 +290,20 @@ class RooflineProvider(LatencyProvider):
         self._dense_cache: dict[int, tuple] = {}
         self._seq_cache: dict[int, tuple] = {}
         self._moe_cache: dict[tuple[int, int], int] = {}
+
+    def _measured_gemm(self, cal: dict, cls: str, model: ModelSpec, peak: float,
+                       bw: float) -> tuple[dict, float, float]:
+        """A GEMM class's (parameters, peak, bandwidth) on this card: the datasheet figures
+        cut to its measured sustained rates, and its fitted overlap exponent."""
+        hw, params = self.hw, dict(cal[cls])
+        dtype = "fp8" if model.is_fp8 and cls == "gemm" else model.dtype
+        peak = measured_ceiling(peak, hw.measured_flops(dtype), params["eff_compute"])
+        measured_bw = hw.measured_mem_bw_GBps
+        bw = measured_ceiling(bw, None if measured_bw is None else measured_bw * 1e9,
+                              params["eff_mem"])
+        if hw.gemm_overlap_p is not None:
+            params["p"] = hw.gemm_overlap_p
+        return params, peak, bw
 
     # -------------------------------------------------------------- per layer
     def dense_ns(self, name: str, tokens: int) -> float:

@@ -17,7 +17,7 @@ def _pd_cluster(link_bw: float = 16, prefill: int = 1, decode: int = 1, tp: int 
                 mem_util: float = 0.9) -> sim.ClusterConfig:
     def inst(role):
         return {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-                "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": util_with_overhead(mem_util, 80)},
+                "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": util_with_overhead(mem_util, 80, hardware="H100-SXM")},
                 "num_npus": tp, "tp_size": tp, "pd_type": role}
     return sim.parse_cluster({"num_nodes": 1, "link_bw": link_bw, "link_latency": 2000, "nodes": [{
         "num_instances": prefill + decode,

@@ -15,7 +15,7 @@ from sim_testkit import util_with_overhead
 
 def _cluster(instances: int = 1, mem_util: float = 0.2, cxl: bool = False) -> sim.ClusterConfig:
     inst = {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
-            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": util_with_overhead(mem_util, 80)},
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0, "mem_util": util_with_overhead(mem_util, 80, hardware="H100-SXM")},
             "num_npus": 1, "tp_size": 1}
     c = {"num_nodes": 1, "link_bw": 450, "link_latency": 500, "nodes": [{
         "num_instances": instances, "cpu_mem": {"mem_size": 256, "mem_bw": 64, "mem_latency": 1000},

@@ -131,7 +131,7 @@ def test_conservation_with_advanced_features(feature, seed, n, max_seqs, budget,
             cluster = _cluster(n=3, pd=True)
         elif feature == "tier":
             # a small KV pool (0.2 of the memory beyond vLLM's overheads) so blocks are evicted
-            cluster = _cluster(n=2, mem_util=util_with_overhead(0.2, 80))
+            cluster = _cluster(n=2, mem_util=util_with_overhead(0.2, 80, hardware="H100-SXM"))
             opts = opts.replace(prefix_storage="CPU", enable_prefix_sharing=True)
         elif feature == "dp_ep":
             cluster = _cluster(n=2, model="Qwen/Qwen3-30B-A3B-Instruct-2507", ep=2, dp=True)
