@@ -82,7 +82,7 @@ def _resolve_provider(kind: str, inst: InstanceConfig, model: ModelSpec, opts: S
     that covers (hardware, model at its precision, tp) and builds, and records why."""
     registry = load_providers()
     kw = {"profiles_dirs": opts.profiles_dirs, "max_tokens": max(opts.max_num_batched_tokens, 16384),
-          "max_seqs": max(opts.max_num_seqs, 1024)}
+          "max_seqs": max(opts.max_num_seqs, 1024), "ep_size": inst.ep_size}
     if kind != "auto":
         try:
             return registry.create(kind, model, inst.hardware, inst.tp_size,

@@ -239,6 +239,22 @@ def quant_modes(model: ModelSpec) -> dict[str, str]:
 _BUILT: dict[tuple, AicProvider] = {}
 
 
+def moe_parallelism(model: ModelSpec, tp: int, ep: int) -> dict[str, int]:
+    """aiconfigurator's MoE layout for one rank: without expert parallelism the experts
+    are sharded over the tp ranks; with it (vLLM's EP group is the dp x tp ranks, each
+    holding num_experts / ep whole experts) ep // tp attention-DP ranks gather their
+    tokens into the experts, so its MoE op at x tokens is one EP rank's work for x tokens
+    a DP rank: top_k x x assignments on average, as the simulator asks."""
+    if not model.is_moe:
+        return {}
+    if ep <= 1:
+        return {"moe_tp_size": tp, "moe_ep_size": 1}
+    if ep % tp:
+        raise InputError(f"the aic provider models an EP group of dp x tp ranks; ep_size={ep} "
+                         f"is not a multiple of tp={tp}")
+    return {"moe_tp_size": 1, "moe_ep_size": ep, "attention_dp_size": ep // tp}
+
+
 class AicProvider(LatencyProvider):
     """Per-layer latency from aiconfigurator-core's database (see the module docstring)."""
 
@@ -247,19 +263,20 @@ class AicProvider(LatencyProvider):
 
     def __init__(self, model: ModelSpec, hardware: str, tp: int = 1, *, backend: str = "vllm",
                  backend_version: str | None = None, max_tokens: int = 16384,
-                 max_seqs: int = 1024, **_ignored) -> None:
-        key = (model, hardware, tp, backend, backend_version, max_tokens, max_seqs)
+                 max_seqs: int = 1024, ep_size: int = 1, **_ignored) -> None:
+        ep = ep_size if model.is_moe else 1
+        key = (model, hardware, tp, backend, backend_version, max_tokens, max_seqs, ep)
         built = _BUILT.get(key)
         if built is not None:   # share the tables and memos; fresh extrapolation counts
             self.__dict__.update(built.__dict__)
             self._extrap = {}
             self.note = ""
             return
-        self._build(model, hardware, tp, backend, backend_version, max_tokens, max_seqs)
+        self._build(model, hardware, tp, backend, backend_version, max_tokens, max_seqs, ep)
         _BUILT[key] = self
 
     def _build(self, model: ModelSpec, hardware: str, tp: int, backend: str,
-               backend_version: str | None, max_tokens: int, max_seqs: int) -> None:
+               backend_version: str | None, max_tokens: int, max_seqs: int, ep: int) -> None:
         _, EngineHandle = _import_aic()
         model.check_tp(tp)
         dbs = available_databases()
@@ -273,9 +290,9 @@ class AicProvider(LatencyProvider):
         self._modes = quant_modes(model)
         prec = "" if not self._modes else f", {model.precision}"
         self.source = (f"aiconfigurator-core {aic_version()} ({self.system}, {backend} "
-                       f"{self.backend_version}, tp{tp}{prec})")
+                       f"{self.backend_version}, tp{tp}{f', ep{ep}' if ep > 1 else ''}{prec})")
         self._extrap: dict[str, int] = {}
-        moe_kw = {"moe_tp_size": tp, "moe_ep_size": 1} if model.is_moe else {}
+        moe_kw = moe_parallelism(model, tp, ep)
         with tempfile.TemporaryDirectory(prefix="llmsim-aic-") as tmp, _quiet():
             path = Path(tmp) / model.name.replace("/", "--")
             path.mkdir()
@@ -308,7 +325,8 @@ class AicProvider(LatencyProvider):
         from aiconfigurator_core.sdk.config_builders import build_model_config
         from aiconfigurator_core.sdk.models import get_model
 
-        cfg = build_model_config(tp_size=self.tp, pp_size=1, attention_dp_size=1,
+        cfg = build_model_config(tp_size=self.tp, pp_size=1,
+                                 attention_dp_size=moe_kw.get("attention_dp_size", 1),
                                  moe_tp_size=moe_kw.get("moe_tp_size", 1),
                                  moe_ep_size=moe_kw.get("moe_ep_size", 1), **self._modes)
         m = get_model(path, cfg, self.backend)

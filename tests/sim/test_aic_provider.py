@@ -84,6 +84,24 @@ def test_moe_model():
     assert p.moe_ns(2048, 128) > p.moe_ns(16, 64) > 0
 
 
+def test_an_expert_parallel_rank_runs_its_own_experts():
+    """With EP 2 a rank holds 64 of Qwen3-30B-A3B's 128 experts and runs the tokens of
+    both DP ranks routed to them; at decode-sized batches (weight-bound) that reads about
+    half the expert weights the whole set needs for the same tokens."""
+    model = load_model("Qwen/Qwen3-30B-A3B")
+    whole = AicProvider(model, "H100-SXM", 1)
+    rank = AicProvider(model, "H100-SXM", 1, ep_size=2)
+    assert "ep2" in rank.source and "ep" not in whole.source.split("tp1")[1]
+    for tokens in (16, 32, 64):   # a DP rank's tokens; both ranks' enter the experts
+        assert rank.moe_ns(tokens) < 0.7 * whole.moe_ns(2 * tokens), tokens
+    # the dense layers do not depend on the experts' placement
+    shape = BatchShape(num_tokens=32, num_seqs=32, num_decode=32, decode_kv_sum=32 * 1000)
+    assert dict(rank.layer_times(shape).block)["qkv_proj"] == \
+        dict(whole.layer_times(shape).block)["qkv_proj"]
+    with pytest.raises(InputError, match="multiple of tp"):
+        AicProvider(model, "H100-SXM", 2, ep_size=3)
+
+
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"])
 def test_iteration_ns_is_the_sum_of_layer_times(model):
     """The memoised per-token-count sums give the layer list's total, on and off the
