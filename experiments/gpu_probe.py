@@ -5,9 +5,10 @@ Usage (on a machine with a CUDA GPU and PyTorch; prints JSON or writes a CSV):
 
     python experiments/gpu_probe.py peaks            # one-call medians, device facts
     python experiments/gpu_probe.py stream           # back-to-back GEMMs (the catalogue's)
+    python experiments/gpu_probe.py stream-fp8       # the same GEMMs in FP8 (W8A8)
     python experiments/gpu_probe.py varlen OUT.csv   # FA2 varlen: a chunk beside decodes
 
-The files under ``experiments/data/gpu-2026-11-26/`` came from these three on an H100 SXM
+The files under ``experiments/data/gpu-2026-11-26/`` came from these on an H100 SXM
 (80 GB HBM3) and an H200 SXM (141 GB HBM3e), PyTorch 2.11.0+cu130, driver 580.159.04.
 
 ``peaks`` times each call on its own between two CUDA events (median of 20 after 5
@@ -16,7 +17,8 @@ read low. ``stream`` times 200 calls back to back between two events (as a CUDA 
 busy serving loop runs them) and is the one the catalogue uses:
 
 - ``measured_gemm_tflops``: the best sustained rate among the GEMMs (2048-token layer GEMMs
-  and an 8192^3 product); FP8 is the ``peaks`` 8192^3 ``torch._scaled_mm`` figure;
+  and an 8192^3 product); FP8 the same from ``stream-fp8`` (H100), or the ``peaks``
+  8192^3 ``torch._scaled_mm`` figure where that was not run (H200);
 - ``measured_mem_bw_GBps``: the weight-streaming rate of a 1-token GEMM over the largest
   weight (Llama-3.1-8B's gate_up_proj, 235 MB, far above the L2);
 - ``mem_reported_bytes``: ``torch.cuda.mem_get_info()[1]`` (what vLLM's
@@ -153,6 +155,31 @@ def stream(torch) -> dict:
     return res
 
 
+def stream_fp8(torch) -> dict:
+    """The ``stream`` GEMMs in FP8 (W8A8, per-tensor scales, bf16 out: what vLLM runs for
+    an FP8 checkpoint's linear layers through ``torch._scaled_mm``), back to back."""
+    props = torch.cuda.get_device_properties(0)
+    res = {"gpu": props.name}
+    one = torch.tensor(1.0, device="cuda")
+    for name, (n_out, k) in STREAM_SHAPES.items():
+        # column-major weight, as cuBLASLt's FP8 kernels want it
+        w = torch.randn(n_out, k, device="cuda").to(torch.float8_e4m3fn).t()
+        for m in STREAM_TOKENS:
+            m_padded = max(16, m)        # _scaled_mm needs rows in multiples of 16
+            x = torch.randn(m_padded, k, device="cuda").to(torch.float8_e4m3fn)
+            us = back_to_back_us(torch, lambda: torch._scaled_mm(
+                x, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+            res[f"{name}@{m}"] = {"us": round(us, 2), "weight_GBps": round(n_out * k / us / 1e3),
+                                  "tflops": round(2 * m_padded * n_out * k / us / 1e6, 1)}
+        w = None
+    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()
+    us = back_to_back_us(torch, lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                         out_dtype=torch.bfloat16), 50)
+    res["fp8_8192_tflops_stream"] = round(2 * 8192**3 / us / 1e6)
+    return res
+
+
 def kv_lengths(kind: str, n: int, mean: int) -> list[int]:
     """n decode KV lengths with (about) this mean."""
     if kind == "uniform":
@@ -214,14 +241,15 @@ def varlen(torch, out_path: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in ("peaks", "stream", "varlen") or (
+    if not argv or argv[0] not in ("peaks", "stream", "stream-fp8", "varlen") or (
             argv[0] == "varlen" and len(argv) != 2):
         sys.exit(__doc__)
     torch = _torch()
     if argv[0] == "varlen":
         varlen(torch, argv[1])
     else:
-        print(json.dumps(peaks(torch) if argv[0] == "peaks" else stream(torch), indent=1))
+        probe = {"peaks": peaks, "stream": stream, "stream-fp8": stream_fp8}[argv[0]]
+        print(json.dumps(probe(torch), indent=1))
 
 
 if __name__ == "__main__":

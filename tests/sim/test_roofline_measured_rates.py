@@ -81,7 +81,14 @@ def test_catalogue_fields_are_the_readings(hardware):
     sustained = max([stream["bf16_8192_tflops_stream"]]
                     + [r["tflops"] for k, r in stream.items() if k.endswith("@2048")])
     assert hw.measured_gemm_tflops["bf16"] == round(sustained)
-    assert hw.measured_gemm_tflops["fp8"] == round(peaks["gemm"]["fp8_8192"]["tflops"])
+    fp8 = DATA / f"stream_fp8_{hardware}.json"
+    if fp8.is_file():     # the back-to-back FP8 GEMMs where measured, else one product
+        fp8_stream = json.loads(fp8.read_text())
+        best = max([fp8_stream["fp8_8192_tflops_stream"]]
+                   + [r["tflops"] for k, r in fp8_stream.items() if k.endswith("@2048")])
+        assert hw.measured_gemm_tflops["fp8"] == round(best)
+    else:
+        assert hw.measured_gemm_tflops["fp8"] == round(peaks["gemm"]["fp8_8192"]["tflops"])
     assert hw.measured_mem_bw_GBps == stream["gate_up_8b@1"]["weight_GBps"]
 
 
