@@ -3,7 +3,12 @@
 The readings are ``experiments/gpu_probe.py stream``'s (200 calls back to back, as a CUDA
 graph runs them), stored in ``experiments/data/gpu-2026-11-26/``: Llama-3.1-8B's qkv,
 gate_up and down projections and Qwen3-32B's gate_up (tp 1) at 1 to 2048 tokens, in bf16
-through cuBLAS, which is what vLLM 0.19 runs for an unquantized linear layer. For each,
+through cuBLAS, which is what vLLM 0.19 runs for an unquantized linear layer; on the H100
+also Llama-3.1-8B's in FP8 (``stream-fp8``, against the FP8 checkpoint's model). There
+``torch._scaled_mm`` takes ~27 us for the 25 MB qkv weight at any batch up to 256 tokens
+(about 10 us of weight streaming), a fixed cost of that path; vLLM runs FP8 linears
+through its own CUTLASS kernels, and aiconfigurator's vLLM data has 14-15 us there, so
+those rows say little about the model. For each,
 the table gives the roofline provider on the datasheet alone and with the catalogue's
 measured rates and overlap exponent (``measured_gemm_tflops``, ``measured_mem_bw_GBps``,
 ``gemm_overlap_p``), and the aic provider (aiconfigurator's own H100/H200 data) where it is
@@ -49,22 +54,32 @@ def _datasheet_only(hw):
                                gemm_overlap_p=None)
 
 
-def readings(hardware: str) -> list[tuple[str, int, float]]:
-    """(shape, tokens, measured us) of the stream readings."""
-    data = json.loads((DATA / f"stream_{hardware}.json").read_text())
+#: the FP8 checkpoint of each shape's model (the FP8 readings: W8A8, per-tensor scales)
+FP8_MODELS = {"meta-llama/Llama-3.1-8B": "Llama-3.1-8B-Instruct-FP8"}
+
+
+def readings(hardware: str, precision: str = "") -> list[tuple[str, int, float]]:
+    """(shape, tokens, measured us) of the stream readings (``precision`` "fp8": the
+    ``stream-fp8`` ones)."""
+    data = json.loads((DATA / f"stream{'_' + precision if precision else ''}_{hardware}.json")
+                      .read_text())
     return [(key.split("@")[0], int(key.split("@")[1]), r["us"]) for key, r in data.items()
             if "@" in key]
 
 
-def rows(hardware: str) -> list[tuple]:
+def rows(hardware: str, precision: str = "") -> list[tuple]:
     hw = load_hardware(hardware)
     out = []
     for shape, (model_name, layer) in SHAPES.items():
+        if precision == "fp8":
+            if model_name not in FP8_MODELS:
+                continue
+            model_name = FP8_MODELS[model_name]
         model = load_model(model_name)
         before = RooflineProvider(model, _datasheet_only(hw), 1)
         after = RooflineProvider(model, hw, 1)
         aic = _aic(model, hardware)
-        for name, tokens, meas in readings(hardware):
+        for name, tokens, meas in readings(hardware, precision):
             if name != shape:
                 continue
             aic_us = aic._tok(layer, tokens) / 1e3 if aic is not None else None
@@ -93,9 +108,9 @@ def exponent_scan(values=(1.068, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 8.0)) -> None:
 
 
 def main() -> None:
-    for hardware in ("H100-SXM", "H200-SXM"):
-        table = rows(hardware)
-        print(f"\n{hardware}: bf16 GEMMs, us (error vs measured)")
+    for hardware, precision in (("H100-SXM", ""), ("H200-SXM", ""), ("H100-SXM", "fp8")):
+        table = rows(hardware, precision)
+        print(f"\n{hardware}: {precision or 'bf16'} GEMMs, us (error vs measured)")
         print(f"{'GEMM':<12} {'tokens':>6} {'measured':>9} {'roofline datasheet':>19} "
               f"{'roofline measured':>27} {'aic':>16}")
         for shape, tokens, meas, before, after, aic in table:
