@@ -22,7 +22,18 @@ compare ``search.initial_design`` sizes and ``search.local_search`` shares (``de
 the sampler's own; ``0`` turns either off); ``--trials`` adds budgets as trial counts.
 The brute-force cache is keyed by the space without its ``search`` section.
 
-Measured 2026-11-23 (2 shared cores, loaded; roofline, the full 300-request workload): 1,400
+Measured 2026-11-26 (roofline with the H100's measured GEMM rates, the full 300-request
+workload): 1,400 distinct configurations, 600 rejected, 530 feasible, 42 on the front,
+best 1,646 tok/s/device (tp 4, one replica, max_num_batched_tokens 4096); brute force 142 s.
+
+    n_trials      nsga2 (= auto)   tpe            random
+    70 (5%)       0.997 / 0.996    1.000 / 1.000  0.988 / 0.984
+    80            0.997 / 0.996    1.000 / 0.988  0.993 / 0.984
+    140 (10%)     1.000 / 0.998    1.000 / 1.000  0.999 / 0.999
+    280 (20%)     1.000 / 1.000    1.000 / 1.000  1.000 / 1.000
+
+On the earlier grid (roofline on the datasheet alone), measured 2026-11-23 (2 shared cores,
+loaded; the full 300-request workload): 1,400
 distinct configurations, 600 rejected before simulating, 554 feasible, 88 on the front, best
 2,806 tok/s/device (tp 1, 2 replicas, max_num_batched_tokens 8192); brute force 254-314 s.
 Fraction of the front's hypervolume, seeds 0-4 (median / worst), with the initial design
