@@ -77,6 +77,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_cli_flags(e, names=("max_num_seqs", "max_num_batched_tokens", "block_size",
                             "enable_prefix_caching", "enable_chunked_prefill", "quantization",
                             "kv_cache_dtype"), aliases={"quantization": "-q"})
+    # left out, they are vLLM's defaults for the hardware (serve_batch_defaults)
+    p.set_defaults(max_num_seqs=None, max_num_batched_tokens=None)
     s = p.add_argument_group("simulator")
     s.add_argument("--hardware", required=True, help="hardware catalogue entry, e.g. H100-SXM")
     s.add_argument("--latency-provider", default="auto")
@@ -335,6 +337,37 @@ def result_table(res: dict, args, metrics: list[str], pcts: list[float]) -> str:
     return "\n".join(lines)
 
 
+#: vllm serve's scheduler defaults in vLLM 0.19 (EngineArgs.get_batch_defaults, the
+#: OpenAI-API-server usage context): (max_num_seqs, max_num_batched_tokens) on a device
+#: with at least 70 GiB of total memory that is not an A100, and on the others
+LARGE_DEVICE_BATCH_DEFAULTS = (1024, 8192)
+SMALL_DEVICE_BATCH_DEFAULTS = (256, 2048)
+LARGE_DEVICE_GiB = 70
+
+
+def serve_batch_defaults(hw) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that ``vllm serve`` picks on this hardware
+    when neither is given: vLLM reads the device's total memory (what CUDA reports) and
+    its name, and keeps the small defaults on A100s (vLLM PR #17885)."""
+    total = hw.mem_reported_bytes or hw.mem_size_GiB * (1 << 30)
+    large = total >= LARGE_DEVICE_GiB * (1 << 30) and "a100" not in hw.name.lower()
+    return LARGE_DEVICE_BATCH_DEFAULTS if large else SMALL_DEVICE_BATCH_DEFAULTS
+
+
+def resolve_serve_defaults(args) -> None:
+    """Fill --max-num-seqs / --max-num-batched-tokens left out with vLLM's defaults for
+    --hardware (before the flags are checked)."""
+    if args.max_num_seqs is not None and args.max_num_batched_tokens is not None:
+        return
+    from sim.hardware import load_hardware
+
+    seqs, tokens = serve_batch_defaults(load_hardware(args.hardware, source="--hardware"))
+    if args.max_num_seqs is None:
+        args.max_num_seqs = seqs
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = tokens
+
+
 def _result_path(args) -> Path:
     return Path(args.result_dir or ".") / (args.result_filename or (
         f"llmsim-{args.request_rate}qps-{Path(args.model).name}-<date>.json"))
@@ -343,6 +376,7 @@ def _result_path(args) -> Path:
 def _check_result_flags(args) -> None:
     """The flags only read after the simulation, checked before it: the metrics and
     percentiles, and (with --save-result) that the result file can be written."""
+    resolve_serve_defaults(args)
     check_engine_flags(args)
     bad = [m.strip() for m in args.percentile_metrics.split(",")
            if m.strip() and m.strip() not in METRIC_LABELS]

@@ -164,3 +164,37 @@ def test_metrics_from_requests_rejects_missing_fields():
     assert math.isfinite(metrics_from_requests([{"input_toks": 1, "output_toks": 3,
                                                  "queued_ts": 0.0, "first_token_ts": 0.1,
                                                  "last_token_ts": 0.3}], "x")["mean_tpot_ms"])
+
+
+# vLLM 0.19's `vllm serve` picks max_num_seqs / max_num_batched_tokens by device
+# (EngineArgs.get_batch_defaults, OpenAI-API-server context): 1024 / 8192 on a device with at
+# least 70 GiB of total memory that is not an A100, else 256 / 2048. Before, `llmsim bench`
+# ran 256 / 2048 everywhere, so an H100 benchmark without the flags was not the server's.
+@pytest.mark.parametrize("hardware,expected", [
+    ("H100-SXM", (1024, 8192)), ("H200-SXM", (1024, 8192)), ("B200", (1024, 8192)),
+    ("RTXPRO6000", (1024, 8192)),        # 94.97 GiB reported
+    ("A100-80G-SXM", (256, 2048)),       # the A100 carve-out (vLLM PR #17885)
+    ("L40S", (256, 2048)), ("RTX4090", (256, 2048)),
+])
+def test_bench_defaults_follow_vllm_serve_per_device(hardware, expected):
+    from sim.bench import resolve_serve_defaults
+
+    args = SimpleNamespace(hardware=hardware, max_num_seqs=None, max_num_batched_tokens=None)
+    resolve_serve_defaults(args)
+    assert (args.max_num_seqs, args.max_num_batched_tokens) == expected
+    given = SimpleNamespace(hardware=hardware, max_num_seqs=64, max_num_batched_tokens=None)
+    resolve_serve_defaults(given)
+    assert (given.max_num_seqs, given.max_num_batched_tokens) == (64, expected[1])
+
+
+def test_bench_on_h100_without_the_flags_runs_vllm_serve_s_defaults(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["bench", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "H100-SXM",
+                 "--num-prompts", "300", "--random-input-len", "64", "--random-output-len",
+                 "8", "--latency-provider", "roofline", "--save-result",
+                 "--result-filename", str(out)]) == 0
+    res = json.loads(out.read_text())
+    # 300 requests at an infinite rate: all admitted in the first step (1024 sequences,
+    # 8192 tokens: 128 prompts of 64 tokens a step), where 256 / 2048 took 32 a step
+    first = sorted(res["ttfts"])
+    assert first[127] == pytest.approx(first[0], rel=0.01)

@@ -363,7 +363,7 @@ BENCH_CASES = [
     ("profiles-missing", ["--profiles", "/nonexistent/profiles"], ["--profiles", "no such folder"]),
     ("block-size-7", ["--block-size", "7"], ["block_size 7", "allowed"]),
     ("budget-below-max-seqs", ["--max-num-batched-tokens", "8"],
-     ["max_num_batched_tokens (8)", "max_num_seqs (256)"]),
+     ["max_num_batched_tokens (8)", "max_num_seqs (1024)"]),   # H100: vllm serve's default
     ("result-dir-is-a-file", lambda d: ["--save-result", "--result-dir", str(d / "a_file")],
      ["--result-dir/--result-filename", "cannot write there"]),
     ("result-file-is-a-folder", lambda d: ["--save-result", "--result-dir", str(d.parent),
