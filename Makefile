@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dse search search_spaces/quickstart.yaml --out runs/quickstart
+	$(BIN)/dse search search_spaces/quickstart.yaml --out runs/quickstart --deterministic
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
