@@ -17,8 +17,7 @@ read low. ``stream`` times 200 calls back to back between two events (as a CUDA 
 busy serving loop runs them) and is the one the catalogue uses:
 
 - ``measured_gemm_tflops``: the best sustained rate among the GEMMs (2048-token layer GEMMs
-  and an 8192^3 product); FP8 the same from ``stream-fp8`` (H100), or the ``peaks``
-  8192^3 ``torch._scaled_mm`` figure where that was not run (H200);
+  and an 8192^3 product); FP8 the same from ``stream-fp8``;
 - ``measured_mem_bw_GBps``: the weight-streaming rate of a 1-token GEMM over the largest
   weight (Llama-3.1-8B's gate_up_proj, 235 MB, far above the L2);
 - ``mem_reported_bytes``: ``torch.cuda.mem_get_info()[1]`` (what vLLM's

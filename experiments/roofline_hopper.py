@@ -3,12 +3,12 @@
 The readings are ``experiments/gpu_probe.py stream``'s (200 calls back to back, as a CUDA
 graph runs them), stored in ``experiments/data/gpu-2026-11-26/``: Llama-3.1-8B's qkv,
 gate_up and down projections and Qwen3-32B's gate_up (tp 1) at 1 to 2048 tokens, in bf16
-through cuBLAS, which is what vLLM 0.19 runs for an unquantized linear layer; on the H100
-also Llama-3.1-8B's in FP8 (``stream-fp8``, against the FP8 checkpoint's model). There
-``torch._scaled_mm`` takes ~27 us for the 25 MB qkv weight at any batch up to 256 tokens
-(about 10 us of weight streaming), a fixed cost of that path; vLLM runs FP8 linears
-through its own CUTLASS kernels, and aiconfigurator's vLLM data has 14-15 us there, so
-those rows say little about the model. For each,
+through cuBLAS, which is what vLLM 0.19 runs for an unquantized linear layer, and
+Llama-3.1-8B's in FP8 (``stream-fp8``, against the FP8 checkpoint's model). There
+``torch._scaled_mm`` takes ~27 us (H100) / ~18 us (H200) for the 25 MB qkv weight at any
+batch up to 256 tokens (about 10 us of weight streaming), a fixed cost of that path; vLLM
+runs FP8 linears through its own CUTLASS kernels, and aiconfigurator's vLLM data has
+13-15 us there, so those rows say little about the model. For each,
 the table gives the roofline provider on the datasheet alone and with the catalogue's
 measured rates and overlap exponent (``measured_gemm_tflops``, ``measured_mem_bw_GBps``,
 ``gemm_overlap_p``), and the aic provider (aiconfigurator's own H100/H200 data) where it is
@@ -108,7 +108,8 @@ def exponent_scan(values=(1.068, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 8.0)) -> None:
 
 
 def main() -> None:
-    for hardware, precision in (("H100-SXM", ""), ("H200-SXM", ""), ("H100-SXM", "fp8")):
+    for hardware, precision in (("H100-SXM", ""), ("H200-SXM", ""), ("H100-SXM", "fp8"),
+                                ("H200-SXM", "fp8")):
         table = rows(hardware, precision)
         print(f"\n{hardware}: {precision or 'bf16'} GEMMs, us (error vs measured)")
         print(f"{'GEMM':<12} {'tokens':>6} {'measured':>9} {'roofline datasheet':>19} "
