@@ -68,7 +68,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--result-dir", default=None)
     g.add_argument("--result-filename", default=None)
     g.add_argument("--label", default=None)
-    e = p.add_argument_group("engine (as vllm serve)")
+    e = p.add_argument_group(
+        "engine (as vllm serve)",
+        "--max-num-seqs and --max-num-batched-tokens left out are vllm serve's defaults for "
+        "--hardware: 1024 and 8192 on a device of at least 70 GiB that is not an A100, else "
+        "256 and 2048")
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     e.add_argument("--data-parallel-size", "-dp", type=int, default=1)
