@@ -13,9 +13,10 @@ import pytest
 
 import sim
 from sim.cli import main
+from sim.paths import shared_data_root
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "../shared/data"
+DATA = shared_data_root()
 TP1 = DATA / "llmservingsim-configs/cluster/single_node_single_instance.json"
 TP2 = DATA / "llmservingsim-configs/cluster/single_node_4_instance_2TP.json"
 WL = DATA / "workloads/example_trace.jsonl"

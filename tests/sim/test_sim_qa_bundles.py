@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from sim.paths import shared_data_root
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "../shared/data"
+DATA = shared_data_root()
 BUNDLE = DATA / "profiles/RTX4090/meta-llama/Llama-3.1-8B/bf16"
 CLUSTER = DATA / "llmservingsim-configs/cluster/rtx4090_single_instance.json"
 WL = DATA / "workloads/example_trace.jsonl"
