@@ -271,14 +271,11 @@ class RooflineProvider(LatencyProvider):
             else f"roofline({self.hw.name}, {model.precision})"
         cal = calibration if isinstance(calibration, dict) else load_calibration(calibration)
         self.calibration = cal
-        peak = self.hw.peak_flops(model.dtype)
-        peak_w = self.hw.peak_flops("fp8") if model.is_fp8 else peak
-        peaks = {"gemm": peak_w, "moe": peak_w}
-        bw = self.hw.mem_bw_Bps
-        self._cls = {c: _Class(cal[c], peaks.get(c, peak), bw) for c in CLASSES
-                     if c != "attn_mixed"}
-        for c in MEASURED_GEMM_CLASSES:
-            self._cls[c] = _Class(*self._measured_gemm(cal, c, model, peaks.get(c, peak), bw))
+        weights_dtype = "fp8" if model.is_fp8 else model.dtype
+        # the classes that run on the weights' dtype (FP8 GEMMs), the rest on the model's
+        dtypes = {"gemm": weights_dtype, "moe": weights_dtype}
+        self._cls = {c: _Class(*self._class_rates(c, cal[c], dtypes.get(c, model.dtype)))
+                     for c in CLASSES if c != "attn_mixed"}
         self._r = RankDims(model, tp)
         self._min_rows = cal["attn_prefill"]["min_parallel_rows"]
         self._pad = cal["attn_mixed"]["decode_pad_rows"]
@@ -291,12 +288,15 @@ class RooflineProvider(LatencyProvider):
         self._seq_cache: dict[int, tuple] = {}
         self._moe_cache: dict[tuple[int, int], int] = {}
 
-    def _measured_gemm(self, cal: dict, cls: str, model: ModelSpec, peak: float,
-                       bw: float) -> tuple[dict, float, float]:
-        """A GEMM class's (parameters, peak, bandwidth) on this card: the datasheet figures
-        cut to its measured sustained rates, and its fitted overlap exponent."""
-        hw, params = self.hw, dict(cal[cls])
-        dtype = "fp8" if model.is_fp8 and cls == "gemm" else model.dtype
+    def _class_rates(self, cls: str, params: dict, dtype: str) -> tuple[dict, float, float]:
+        """An op class's (parameters, peak FLOP/s, bandwidth) on this card: the datasheet
+        figures at ``dtype``; for the GEMM classes cut to the card's measured sustained
+        rates, with its fitted overlap exponent."""
+        hw = self.hw
+        peak, bw = hw.peak_flops(dtype), hw.mem_bw_Bps
+        if cls not in MEASURED_GEMM_CLASSES:
+            return params, peak, bw
+        params = dict(params)
         peak = measured_ceiling(peak, hw.measured_flops(dtype), params["eff_compute"])
         measured_bw = hw.measured_mem_bw_GBps
         bw = measured_ceiling(bw, None if measured_bw is None else measured_bw * 1e9,
