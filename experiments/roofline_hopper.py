@@ -88,6 +88,18 @@ def rows(hardware: str, precision: str = "") -> list[tuple]:
     return out
 
 
+def roofline_errors(hw) -> dict[tuple[str, int], float]:
+    """The roofline on ``hw`` (a catalogue entry, possibly edited) against that card's bf16
+    readings: (shape, tokens) -> predicted / measured - 1."""
+    providers = {shape: (RooflineProvider(load_model(model_name), hw, 1), layer)
+                 for shape, (model_name, layer) in SHAPES.items()}
+    out = {}
+    for shape, tokens, meas in readings(hw.name):
+        prov, layer = providers[shape]
+        out[(shape, tokens)] = prov.dense_ns(layer, tokens) / 1e3 / meas - 1
+    return out
+
+
 def _pct(pred: float | None, meas: float) -> str:
     return "      -" if pred is None else f"{(pred / meas - 1) * 100:+6.1f}%"
 
@@ -97,13 +109,9 @@ def exponent_scan(values=(1.068, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 8.0)) -> None:
     overlap exponent."""
     print("\nGEMM overlap exponent p, both cards' readings (median / max |error|):")
     for p in values:
-        errors = []
-        for hardware in ("H100-SXM", "H200-SXM"):
-            hw = dataclasses.replace(load_hardware(hardware), gemm_overlap_p=p)
-            for shape, tokens, meas in readings(hardware):
-                model_name, layer = SHAPES[shape]
-                prov = RooflineProvider(load_model(model_name), hw, 1)
-                errors.append(abs(prov.dense_ns(layer, tokens) / 1e3 / meas - 1) * 100)
+        errors = [abs(e) * 100 for hardware in ("H100-SXM", "H200-SXM") for e in
+                  roofline_errors(dataclasses.replace(load_hardware(hardware),
+                                                      gemm_overlap_p=p)).values()]
         print(f"  p = {p:<5}  {statistics.median(errors):5.1f}% / {max(errors):5.1f}%")
 
 
