@@ -380,7 +380,6 @@ def _result_path(args) -> Path:
 def _check_result_flags(args) -> None:
     """The flags only read after the simulation, checked before it: the metrics and
     percentiles, and (with --save-result) that the result file can be written."""
-    resolve_serve_defaults(args)
     check_engine_flags(args)
     bad = [m.strip() for m in args.percentile_metrics.split(",")
            if m.strip() and m.strip() not in METRIC_LABELS]
@@ -407,6 +406,7 @@ def run_bench(args) -> tuple[dict, str]:
     if args.latency_provider not in provider_names():
         raise InputError(f"--latency-provider: unknown {args.latency_provider!r}; allowed: "
                          f"{', '.join(provider_names())}")
+    resolve_serve_defaults(args)
     _check_result_flags(args)
     cluster = parse_cluster(bench_cluster(args), source="llmsim bench flags")
     workload = bench_workload(args)
