@@ -293,6 +293,10 @@ class AicProvider(LatencyProvider):
                        f"{self.backend_version}, tp{tp}{f', ep{ep}' if ep > 1 else ''}{prec})")
         self._extrap: dict[str, int] = {}
         moe_kw = moe_parallelism(model, tp, ep)
+        #: aiconfigurator's MoE op with EP takes the tokens of one attention-DP rank, of
+        #: which an EP rank runs top_k / tp assignments each: ``moe_ns``'s tokens (an EP
+        #: rank's assignments / top_k) are tp times fewer
+        self._moe_tokens_per_query = tp if ep > 1 else 1
         with tempfile.TemporaryDirectory(prefix="llmsim-aic-") as tmp, _quiet():
             path = Path(tmp) / model.name.replace("/", "--")
             path.mkdir()
@@ -452,7 +456,7 @@ class AicProvider(LatencyProvider):
         """
         if not self.model.is_moe:
             raise InputError(f"{self.model.name} is not an MoE model")
-        tokens = max(1, tokens)
+        tokens = max(1, tokens) * self._moe_tokens_per_query
         if tokens > self._moe_grid[-1]:
             self._note("moe_tokens")
         import numpy as np

@@ -337,10 +337,14 @@ class MeasuredProvider(LatencyProvider):
     kind = "measured"
 
     def __init__(self, model: ModelSpec, hardware: str, tp: int, *, bundle: Path | None = None,
-                 profiles_dirs=(), max_tokens: int = 16384, max_seqs: int = 1024, **_ignored) -> None:
+                 profiles_dirs=(), max_tokens: int = 16384, max_seqs: int = 1024,
+                 ep_size: int = 1, **_ignored) -> None:
         self.model = model
         self.hardware = hardware
         self.tp = tp
+        #: how many ranks share each expert (its intermediate width sharded over them):
+        #: the tp ranks without expert parallelism, none with it (whole experts per rank)
+        self.moe_tp = 1 if ep_size > 1 else tp
         root = bundle or find_bundle(hardware, model, profiles_dirs)
         if root is None:
             searched = ", ".join(str(d) for d in bundle_search_dirs(profiles_dirs))
@@ -360,7 +364,8 @@ class MeasuredProvider(LatencyProvider):
         #: per decode count, what a decode stretch's steps share (``_stretch_setup``)
         self._stretch_by_nd: dict[int, tuple | None] = {}
         params = (tp, max_tokens, max_seqs, model.architecture, model.block_sequence,
-                  model.num_hidden_layers, model.is_moe, PROLOGUE, HEAD_DENSE, HEAD_PER_SEQUENCE)
+                  model.num_hidden_layers, model.is_moe, self.moe_tp, PROLOGUE, HEAD_DENSE,
+                  HEAD_PER_SEQUENCE)
         self._set_state(cached("measured-bundle", self._sources(tp_dir),
                                lambda: self._build(tp_dir, max_tokens, max_seqs), params))
 
@@ -372,9 +377,31 @@ class MeasuredProvider(LatencyProvider):
         tp folder cover them."""
         files = [Path(__file__), self.root / "meta.yaml", *sorted(self.root.glob("*.csv")),
                  *sorted(tp_dir.glob("*.csv"))]
-        if self.model.is_moe and not (tp_dir / "moe.csv").is_file():
-            files.append(self.root / "tp1" / "moe.csv")
-        return [f for f in files if f.is_file()]
+        if self.model.is_moe:
+            files.append(self._moe_table(tp_dir)[0])
+        return [f for f in dict.fromkeys(files) if f.is_file()]
+
+    def _moe_table(self, tp_dir: Path) -> tuple[Path, float]:
+        """The moe.csv for this rank's expert layout and the factor its times take.
+
+        A bundle's ``tp<N>/moe.csv`` is measured with every expert sharded over N ranks
+        (the fused-MoE kernel at intermediate width / N); ``tp1`` has whole experts. An
+        expert-parallel rank runs whole experts (tp1's table); a TP rank without expert
+        parallelism runs a 1/tp shard of each (its own tp folder's table). Where the
+        bundle has only the other one (the shared bundles measure MoE at tp1 only), its
+        times are scaled by the ratio of the widths: the kernel's weight bytes and FLOPs
+        both scale with the intermediate width, as the DP group's flattened experts are
+        scaled in sim.moe_wave."""
+        own = self.root / f"tp{self.moe_tp}" / "moe.csv"
+        if own.is_file():
+            return own, 1.0
+        other = tp_dir / "moe.csv" if self.moe_tp == 1 else self.root / "tp1" / "moe.csv"
+        if not other.is_file():
+            raise InputError("MoE model but the bundle has no moe.csv (looked for "
+                             f"{own.relative_to(self.root)} and {other.relative_to(self.root)})",
+                             source=str(self.root))
+        measured_tp = self.tp if self.moe_tp == 1 else 1
+        return other, measured_tp / self.moe_tp
 
     def _build(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> dict:
         """Parse the bundle and build every lookup table; returns them as plain data
@@ -559,19 +586,14 @@ class MeasuredProvider(LatencyProvider):
         return sk["table"].get(key, sk["default"])
 
     def _build_moe(self, tp_dir: Path):
-        path = tp_dir / "moe.csv"
-        if not path.is_file():
-            path1 = self.root / "tp1" / "moe.csv"
-            if not path1.is_file():
-                raise InputError("MoE model but the bundle has no moe.csv", source=str(tp_dir))
-            path = path1
+        path, scale = self._moe_table(tp_dir)
         rows = _read_csv(path, ("tokens", "activated_experts", "time_us"))
         if not rows:
             raise InputError("MoE profile has no rows (a header alone)", source=str(path))
         by_ae: dict[int, dict[int, float]] = {}
         for r in rows:
             by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \
-                float(r["time_us"]) * 1e3
+                float(r["time_us"]) * 1e3 * scale
         ae_axis = _Axis(by_ae)
         rows_ = []
         for a in ae_axis.vals:

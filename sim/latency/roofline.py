@@ -93,7 +93,10 @@ def load_calibration(path: str | Path | None = None) -> dict[str, dict[str, floa
 
 # ---------------------------------------------------------------------- work counts
 class RankDims:
-    """Per-rank dimensions of one model under tensor parallelism ``tp``."""
+    """Per-rank dimensions of one model under tensor parallelism ``tp``. An MoE layer's
+    experts are sharded over ``moe_tp`` ranks inside each expert: ``tp`` without expert
+    parallelism, 1 with it (each EP rank holds whole experts; vLLM 0.19's
+    FusedMoEParallelConfig)."""
 
     __slots__ = (
         "b",
@@ -111,7 +114,7 @@ class RankDims:
         "wb",
     )
 
-    def __init__(self, m: ModelSpec, tp: int) -> None:
+    def __init__(self, m: ModelSpec, tp: int, moe_tp: int | None = None) -> None:
         self.h = m.hidden_size
         self.hq = m.num_attention_heads / tp
         self.hkv = max(1.0, m.num_key_value_heads / tp)   # KV heads replicate when tp > kv
@@ -122,7 +125,7 @@ class RankDims:
         self.b = m.dtype_bytes                            # activations (bf16 in W8A8)
         self.wb = m.weight_dtype_bytes()                  # quantized linear weights
         self.kvb = m.kv_dtype_bytes()                     # KV-cache elements
-        self.moe_inter = m.moe_intermediate_size / tp     # experts shard within, over tp
+        self.moe_inter = m.moe_intermediate_size / (tp if moe_tp is None else moe_tp)
         self.n_experts = m.num_experts
         self.top_k = m.num_experts_per_tok
 
@@ -261,7 +264,8 @@ class RooflineProvider(LatencyProvider):
     kind = "roofline"
 
     def __init__(self, model: ModelSpec, hardware: str | HardwareSpec, tp: int = 1, *,
-                 calibration: str | Path | dict | None = None, **_ignored) -> None:
+                 calibration: str | Path | dict | None = None, ep_size: int = 1,
+                 **_ignored) -> None:
         model.check_tp(tp)
         self.model = model
         self.hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
@@ -276,7 +280,8 @@ class RooflineProvider(LatencyProvider):
         dtypes = {"gemm": weights_dtype, "moe": weights_dtype}
         self._cls = {c: _Class(*self._class_rates(c, cal[c], dtypes.get(c, model.dtype)))
                      for c in CLASSES if c != "attn_mixed"}
-        self._r = RankDims(model, tp)
+        # moe_ns is one rank's MoE layer in the instance's layout (whole experts with EP)
+        self._r = RankDims(model, tp, 1 if ep_size > 1 else tp)
         self._min_rows = cal["attn_prefill"]["min_parallel_rows"]
         self._pad = cal["attn_mixed"]["decode_pad_rows"]
         seq = model.block_sequence
