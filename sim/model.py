@@ -91,6 +91,11 @@ class ModelSpec:
     quantization: str | None = None
     #: KV-cache element type as vLLM's --kv-cache-dtype ("auto" = ``dtype``)
     kv_cache_dtype: str = "auto"
+    #: an FP8 checkpoint's weight-scale blocks (HF quantization_config.weight_block_size,
+    #: e.g. (128, 128) for Qwen's and DeepSeek's FP8 releases); None: per-tensor or
+    #: per-channel scales (compressed-tensors, ModelOpt, vLLM's online --quantization fp8).
+    #: vLLM runs block-scaled checkpoints through other GEMM and fused-MoE kernels.
+    weight_block_size: tuple[int, int] | None = None
 
     # ---- derived quantities -------------------------------------------------------
     @property
@@ -139,7 +144,9 @@ class ModelSpec:
         check_precision(q, kv, source=source)
         if q == self.quantization and kv == self.kv_cache_dtype:
             return self
-        return replace(self, quantization=q, kv_cache_dtype=kv)
+        # online quantization of a checkpoint in another precision scales per tensor
+        blocks = self.weight_block_size if q == self.quantization else None
+        return replace(self, quantization=q, kv_cache_dtype=kv, weight_block_size=blocks)
 
     def expected_active_experts(self, tokens: int) -> int:
         """Distinct experts hit by ``tokens`` tokens each picking k of E uniformly (the
@@ -313,6 +320,23 @@ def _spec_text(d: dict, key: str, source: str, default: str | None) -> str | Non
     return v
 
 
+def _spec_blocks(d: dict, source: str) -> tuple[int, int] | None:
+    """Field ``weight_block_size``: two positive integers (an FP8 checkpoint's scale
+    blocks), or absent."""
+    v = d.get("weight_block_size")
+    if v is None:
+        return None
+    if (not isinstance(v, list | tuple) or len(v) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= _DIM_MAX
+                       for x in v)):
+        raise InputError(f"model spec field 'weight_block_size' must be two positive integers "
+                         f"(e.g. [128, 128]), got {v!r}", source=source)
+    if d.get("quantization") != "fp8":
+        raise InputError("model spec field 'weight_block_size' is for FP8 weights "
+                         "(quantization: fp8)", source=source)
+    return int(v[0]), int(v[1])
+
+
 def _from_mapping(d: dict, source: str) -> ModelSpec:
     if not isinstance(d, dict):
         raise InputError(f"a model spec is a mapping of fields, got {type(d).__name__}",
@@ -336,6 +360,7 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
         aliases=tuple(aliases),
         quantization=_spec_text(d, "quantization", source, None),
         kv_cache_dtype=_spec_text(d, "kv_cache_dtype", source, "auto"),
+        weight_block_size=_spec_blocks(d, source),
         **_spec_fields(d, source),
     )
     check_precision(spec.quantization, spec.kv_cache_dtype, quant_label="field 'quantization'",
@@ -389,6 +414,9 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         "max_position_embeddings": cfg.get("max_position_embeddings") or 0,
         "quantization": hf_quantization(cfg.get("quantization_config"), str(path)),
     }
+    qcfg = cfg.get("quantization_config")
+    if mapping["quantization"] == "fp8" and isinstance(qcfg, dict):
+        mapping["weight_block_size"] = qcfg.get("weight_block_size")
     return _from_mapping(mapping, str(path))
 
 

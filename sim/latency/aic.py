@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tempfile
 from contextlib import contextmanager
 from functools import cache
@@ -220,15 +221,19 @@ def quant_modes(model: ModelSpec) -> dict[str, str]:
     """aiconfigurator's quant-mode arguments for the served precision.
 
     W8A8 FP8 (``quantization: fp8``) selects its ``fp8`` GEMM and MoE modes (FP8 tensor-core
-    GEMMs, 1-byte weights); an FP8 KV cache selects its ``fp8`` KV-cache mode. The FMHA
+    GEMMs, 1-byte weights), or its ``fp8_block`` ones for a checkpoint with block-wise weight
+    scales (``weight_block_size``: vLLM runs those through its block-scaled GEMM and
+    fused-MoE kernels, which the database measures apart); an FP8 KV cache selects its
+    ``fp8`` KV-cache mode. The FMHA
     mode stays at its default (bf16 compute): the vLLM databases hold FP8-KV attention
     measured that way and no context attention for an FP8 FMHA. Empty for bf16.
     """
     modes: dict[str, str] = {}
     if model.is_fp8:
-        modes["gemm_quant_mode"] = "fp8"
+        mode = "fp8_block" if model.weight_block_size else "fp8"
+        modes["gemm_quant_mode"] = mode
         if model.is_moe:
-            modes["moe_quant_mode"] = "fp8"
+            modes["moe_quant_mode"] = mode
     if model.kv_is_fp8:
         modes["kvcache_quant_mode"] = "fp8"
     return modes
@@ -442,8 +447,17 @@ class AicProvider(LatencyProvider):
 
     def attention_ns(self, shape: BatchShape) -> float:
         ns = 0.0
-        if shape.prefill_tokens:
-            ns += self.prefill_attention_ns(shape.prefill_tokens, shape.prefill_kv)
+        pc, two_w = shape.prefill_tokens, shape.prefill_work
+        if pc and two_w:
+            # several prompts: one varlen kernel doing their own work, read as the one
+            # prompt of all their tokens with the same work over a cached prefix (as the
+            # measured provider); fresh prompts doing less than that: the fresh prompt
+            # whose causal work is theirs
+            excess = two_w - pc * pc
+            ns += (self.prefill_attention_ns(pc, excess // (2 * pc)) if excess >= 0
+                   else self.prefill_attention_ns(math.isqrt(two_w), 0))
+        elif pc:
+            ns += self.prefill_attention_ns(pc, shape.prefill_kv)
         if shape.num_decode:
             ns += self.decode_attention_ns(shape.num_decode, shape.decode_kv_mean)
         return ns

@@ -173,12 +173,18 @@ def per_sequence_work(name: str, r: RankDims, seqs):
     raise InputError(f"roofline has no work model for layer {name!r}")
 
 
-def prefill_attention_work(r: RankDims, chunk, kv, min_rows: float, maximum=max):
+def prefill_attention_work(r: RankDims, chunk, kv, min_rows: float, maximum=max,
+                           varlen_work: int = 0):
     """(flops, bytes) of prefill attention: ``chunk`` new tokens over ``kv`` cached ones.
 
-    Query rows below ``min_rows / heads`` are padded (the GPU is not filled)."""
+    Query rows below ``min_rows / heads`` are padded (the GPU is not filled). Several
+    prompts in one step run as one varlen kernel: ``varlen_work`` (BatchShape's
+    ``prefill_work``, sum of c_i (2 kv_i + c_i)) is then their query-key pairs, twice,
+    in place of ``chunk`` x (2 ``kv`` + ``chunk``) for the sums; the KV they read is
+    the sums' either way."""
     q_eff = maximum(chunk, min_rows / r.hq)
-    flops = 4.0 * r.hq * r.d * q_eff * (kv + 0.5 * chunk)
+    pairs = 0.5 * varlen_work if varlen_work else chunk * (kv + 0.5 * chunk)
+    flops = 4.0 * r.hq * r.d * (q_eff / chunk) * pairs
     # q in, out written in the activation dtype; new K/V written and cached K/V read in
     # the KV-cache dtype
     nbytes = r.d * (r.b * chunk * 2.0 * r.hq + r.kvb * (chunk + kv) * 2.0 * r.hkv)
@@ -324,7 +330,8 @@ class RooflineProvider(LatencyProvider):
         pc, nd = shape.prefill_tokens, shape.num_decode
         if pc:
             pre = self._cls["attn_prefill"]
-            f, b = prefill_attention_work(r, pc, shape.prefill_kv, self._min_rows)
+            f, b = prefill_attention_work(r, pc, shape.prefill_kv, self._min_rows,
+                                          varlen_work=shape.prefill_work)
             if not nd:
                 return pre.ns(f, b)
             # mixed batch: one varlen kernel; decodes occupy padded query tiles

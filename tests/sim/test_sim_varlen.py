@@ -78,3 +78,30 @@ def test_rtx4090_bundle_eight_chunks_over_16k():
     summed = p.attention_ns(BatchShape(num_tokens=2048, num_seqs=8, prefill_tokens=2048,
                                        prefill_kv=8 * 16384))
     assert summed > 3 * varlen
+
+
+def _has_aic() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("aiconfigurator_core") is not None
+
+
+@pytest.mark.parametrize("kind", [
+    "roofline",
+    pytest.param("aic", marks=pytest.mark.skipif(not _has_aic(),
+                                                 reason="aiconfigurator-core absent"))])
+@pytest.mark.parametrize("n,chunk,kv", [(8, 256, 2048), (8, 256, 16384), (2, 1024, 8192),
+                                        (4, 512, 0)])
+def test_every_provider_charges_a_varlen_step_its_own_work(kind, n, chunk, kv):
+    """The roofline and aic providers too: n prompts' chunks in one step cost about what
+    they cost run one by one (one kernel launch instead of n, so somewhat less), not a
+    chunk of n x chunk tokens over n x kv cached ones. Before, the roofline charged 8
+    chunks of 256 over 16k each 6.2x (H100) and 7.0x (RTX 4090) their separate cost, aic
+    7.3x."""
+    from sim.latency.base import load_providers
+
+    model = load_model("meta-llama/Llama-3.1-8B")
+    for hw in ("H100-SXM", "RTX4090") if kind == "roofline" else ("H100-SXM",):
+        p = load_providers().create(kind, model, hw, 1)
+        together = p.attention_ns(varlen_shape([(chunk, kv)] * n))
+        alone = p.attention_ns(varlen_shape([(chunk, kv)]))
+        assert 0.3 < together / (n * alone) < 1.2, (hw, together / (n * alone))
