@@ -318,9 +318,10 @@ class AicProvider(LatencyProvider):
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - aiconfigurator raises many types
+                blocks = ", block-scaled" if model.weight_block_size else ""
                 raise InputError(f"aiconfigurator cannot model {model.name} on {self.system} "
                                  f"({backend} {self.backend_version}, tp={tp}, "
-                                 f"{model.precision}): {exc}") from None
+                                 f"{model.precision}{blocks}): {exc}") from None
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._dense_memo: dict[int, tuple] = {}
