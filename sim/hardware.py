@@ -78,6 +78,12 @@ class HardwareSpec:
     #: the soft-roofline exponent of this card's GEMMs, fitted to the same measured GEMMs
     #: (how fully its kernels overlap weight loads with math); None: the calibration's
     gemm_overlap_p: float | None = None
+    #: the GPU-to-GPU link as collectives measured between two of these cards see it, in a
+    #: cluster file's terms (ASTRA-Sim's one-hop FullyConnected model: bandwidth in 2^30 B/s,
+    #: latency per message); what a cluster file that leaves link_bw / link_latency out gets
+    #: in place of the physical link above. None: not measured.
+    measured_link_bw_GiBps: float | None = None
+    measured_link_latency_ns: float | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -124,9 +130,9 @@ def _number(d: dict, key: str, source: str) -> float:
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
 #: finite and at most MAX_NUMBER (as in a cluster file)
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
-             "measured_mem_bw_GBps")
+             "measured_mem_bw_GBps", "measured_link_bw_GiBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
-                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB")
+                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns")
 
 
 #: the dtype keys a measured GEMM rate may name
@@ -166,6 +172,11 @@ def _check_fields(d: dict, source: str) -> None:
         raise InputError(f"field 'gemm_overlap_p' must be a number in 1..50 (the soft-"
                          f"roofline exponent), got {p!r}", source=source)
     _check_tflops(d, "measured_gemm_tflops", source, required=False)
+    given = [k for k in ("measured_link_bw_GiBps", "measured_link_latency_ns")
+             if d.get(k) is not None]
+    if len(given) == 1:
+        raise InputError(f"field {given[0]!r} needs its pair (measured_link_bw_GiBps and "
+                         "measured_link_latency_ns describe one measured link)", source=source)
 
 
 def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
@@ -256,6 +267,10 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         measured_mem_bw_GBps=(None if d.get("measured_mem_bw_GBps") is None
                               else float(d["measured_mem_bw_GBps"])),
         gemm_overlap_p=None if d.get("gemm_overlap_p") is None else float(d["gemm_overlap_p"]),
+        measured_link_bw_GiBps=(None if d.get("measured_link_bw_GiBps") is None
+                                else float(d["measured_link_bw_GiBps"])),
+        measured_link_latency_ns=(None if d.get("measured_link_latency_ns") is None
+                                  else float(d["measured_link_latency_ns"])),
         source=source,
     )
 

@@ -23,7 +23,11 @@ Where the values come from, and what they mean there:
   out, as physical links: decimal GB/s (1e9 B/s, as vendors quote links) per direction,
   ns per hop, on the physical topology ASTRA-Sim models: NVLink through NVSwitch and PCIe
   through the host's root complex are a ``Switch`` (one per-GPU link into the switch, two
-  hops from GPU to GPU), other links a ``Ring``; the scale-out NIC a ``Switch``.
+  hops from GPU to GPU), other links a ``Ring``; the scale-out NIC a ``Switch``. Where the
+  catalogue holds the intra-node link as collectives measured between two of its cards
+  see it (``measured_link_bw_GiBps`` / ``measured_link_latency_ns``, in a cluster file's
+  terms), that stands in for the physical one, as LLMServingSim's measured hardware
+  defaults stand in for link values a cluster file leaves out.
 
 The rule holds per dimension and per value: a dimension whose latency the file gives is
 FullyConnected with that per-message latency, else it keeps the catalogue's topology and
@@ -223,7 +227,13 @@ def _file_link(cluster: ClusterConfig, inst: InstanceConfig, dim: int,
 
 
 def physical_intra_node_link(hw) -> Link:
-    """The catalogue's intra-node link of hardware ``hw`` (decimal GB/s, per hop)."""
+    """The catalogue's intra-node link of hardware ``hw``: as measured collectives between
+    two of its cards see it where the catalogue has that (``measured_link_*``: a cluster
+    file's terms, one hop of the per-message latency, 2^30 B/s), else the physical link
+    (decimal GB/s, per hop on its own topology)."""
+    if hw.measured_link_bw_GiBps is not None:
+        return Link(FILE_TOPOLOGY, hw.measured_link_bw_GiBps, hw.measured_link_latency_ns,
+                    f"{hw.link_type} (measured)", ASTRA)
     return Link(hw.link_topology, hw.link_bw_GBps, hw.link_latency_ns, hw.link_type)
 
 

@@ -56,6 +56,9 @@ def _spec(**change):
     ("name", None, ["'name'", "a name"]),
     ("name", "", ["'name'", "a name"]),
     ("pim_mem_GiB", math.nan, ["'pim_mem_GiB'"]),
+    ("measured_link_bw_GiBps", 0, ["'measured_link_bw_GiBps'", "> 0"]),
+    ("measured_link_latency_ns", -1, ["'measured_link_latency_ns'", ">= 0"]),
+    ("measured_link_latency_ns", None, ["'measured_link_bw_GiBps'", "needs its pair"]),
 ])
 def test_catalogue_entry_refused(field, value, needles):
     with pytest.raises(sim.InputError) as exc:

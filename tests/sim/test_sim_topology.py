@@ -192,27 +192,47 @@ def test_file_links_are_one_hop_of_the_given_latency_in_astra_sims_unit():
 
 
 def test_catalogue_links_keep_their_switch_hops_and_decimal_gbps():
-    # no link fields: the catalogue's PCIe 5 x16 through the host (63 GB/s decimal per
-    # direction, 500 ns a hop), GPU -> switch -> GPU
-    c = _cluster(hw="RTXPRO6000", tp=2, mem_bw=1597)
+    # no link fields, a card without a measured link: the catalogue's PCIe 4 x16 through
+    # the host (31.5 GB/s decimal per direction, 500 ns a hop), GPU -> switch -> GPU
+    c = _cluster(hw="RTX4090", tp=2, mem_bw=1008)
     topo = instance_topology(c, c.instances[0])
     link = topo.dims[0].link
     assert (link.topology, link.bw_GBps, link.unit, link.latency_ns) == \
-        ("Switch", 63, "GB/s", 500)
+        ("Switch", 31.5, "GB/s", 500)
     size = 1 << 20
-    assert _all_gather_ns(topo, size) == int(2 * 500 + size / 63) + _ED
+    assert _all_gather_ns(topo, size) == int(2 * 500 + size / 31.5) + _ED
+
+
+def test_a_measured_catalogue_link_stands_in_for_missing_file_values():
+    """The RTX PRO 6000's link as NCCL between two of the cards measured it (LLMServingSim's
+    hardware.yaml: 28.73 x 2^30 B/s, 6.6 us a message, one hop): what LLMServingSim gives a
+    cluster file without link values. The pair's all-gather of 557,056 B a rank (vLLM's
+    MoE dispatch of 128 tokens) took 27.1 us; the physical PCIe 5 link gave 9.8 us."""
+    c = _cluster(hw="RTXPRO6000", tp=2, mem_bw=1597)
+    topo = instance_topology(c, c.instances[0])
+    assert topo.network() == {"topology": ["FullyConnected"], "npus_count": [2],
+                              "bandwidth": [28.73], "latency": [6600.0]}
+    ns = _all_gather_ns(topo, 557_056)
+    assert ns == int(6600 + 557_056 / (28.73 / ASTRA_GBPS)) + _ED
+    assert 0.85 < ns / 27_107 < 1.15
+    # a value the file gives still replaces only itself
+    bw_only = _cluster(hw="RTXPRO6000", tp=2, mem_bw=1597, link_bw=16)
+    assert instance_topology(bw_only, bw_only.instances[0]).network()["latency"] == [6600.0]
+    # and the link warning still compares a file's value with the physical figure
+    assert check_links(_cluster(hw="RTXPRO6000", tp=2, mem_bw=1597, link_bw=117,
+                                link_latency=500)) != []
 
 
 def test_a_file_value_replaces_only_itself():
     # link_bw alone: the file's bandwidth (2^30 B/s) on the catalogue's switch and per-hop
     # latency; link_latency alone: one hop of it, with the catalogue's decimal bandwidth
-    bw_only = _cluster(hw="RTXPRO6000", tp=2, mem_bw=1597, link_bw=16)
-    lat_only = _cluster(hw="RTXPRO6000", tp=2, mem_bw=1597, link_latency=20000)
+    bw_only = _cluster(hw="RTX4090", tp=2, mem_bw=1008, link_bw=16)
+    lat_only = _cluster(hw="RTX4090", tp=2, mem_bw=1008, link_latency=20000)
     assert instance_topology(bw_only, bw_only.instances[0]).network() == {
         "topology": ["Switch"], "npus_count": [2], "bandwidth": [16.0], "latency": [500]}
     assert instance_topology(lat_only, lat_only.instances[0]).network() == {
         "topology": ["FullyConnected"], "npus_count": [2],
-        "bandwidth": [pytest.approx(63 * ASTRA_GBPS)], "latency": [20000.0]}
+        "bandwidth": [pytest.approx(31.5 * ASTRA_GBPS)], "latency": [20000.0]}
     # per dimension: each entry of a list is a file value for its own dimension
     two = _cluster(nodes=2, tp=1, link_bw=[419, 25], link_latency=[1000, 5000])
     a, b = two.instances
