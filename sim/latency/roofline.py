@@ -183,8 +183,10 @@ def prefill_attention_work(r: RankDims, chunk, kv, min_rows: float, maximum=max,
     in place of ``chunk`` x (2 ``kv`` + ``chunk``) for the sums; the KV they read is
     the sums' either way."""
     q_eff = maximum(chunk, min_rows / r.hq)
-    pairs = 0.5 * varlen_work if varlen_work else chunk * (kv + 0.5 * chunk)
-    flops = 4.0 * r.hq * r.d * (q_eff / chunk) * pairs
+    if varlen_work:
+        flops = 2.0 * r.hq * r.d * (q_eff / chunk) * varlen_work
+    else:
+        flops = 4.0 * r.hq * r.d * q_eff * (kv + 0.5 * chunk)
     # q in, out written in the activation dtype; new K/V written and cached K/V read in
     # the KV-cache dtype
     nbytes = r.d * (r.b * chunk * 2.0 * r.hq + r.kvb * (chunk + kv) * 2.0 * r.hkv)
