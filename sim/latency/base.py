@@ -150,7 +150,10 @@ class LatencyProvider(ABC):
         return None
 
     def moe_ns(self, tokens: int, activated_experts: int) -> int:
-        """One MoE layer on one rank: ``tokens`` routed to ``activated_experts`` experts."""
+        """One MoE layer on one rank, in its instance's expert layout (the ``ep_size`` the
+        provider is built with: whole experts on an expert-parallel rank, else a 1/tp
+        shard of every expert, as vLLM lays them out): ``tokens`` x top_k token-expert
+        assignments on ``activated_experts`` of the rank's experts."""
         raise InputError(f"{self.model.name} is not a mixture-of-experts model"
                          if not self.model.is_moe else
                          f"the {self.kind} latency provider has no MoE timing")
