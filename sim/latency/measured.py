@@ -23,7 +23,9 @@ Queries above the grid extrapolate monotonically (never cheaper as work grows) f
 top grid point with a slope fitted on the upper half of the axis: least squares over the
 points at or above half the largest key, floored at zero; for token and sequence axes
 (GEMM-like work) also at least the top point's time per token, so a flat last step
-(wave quantisation) does not flatten the line. Such lookups are counted and reported
+(wave quantisation) does not flatten the line. A prefill chunk above the attention grid
+runs as pieces of the top measured chunk, each over the chunk rows before it (its causal
+work, quadratic in the chunk). Such lookups are counted and reported
 (``extrapolations()``); a missing layer is an error, never zero.
 """
 
@@ -711,9 +713,17 @@ class MeasuredProvider(LatencyProvider):
     def _attention_grid(self, pc: int, kp: int, nd: int, kd: int) -> float:
         plo, phi, pt, pex = self._pc_axis.bracket(pc)
         if pex:
+            # A chunk above the grid: its query rows are independent in the kernel, so it
+            # runs as pc / top pieces of the top measured chunk, each over the chunk rows
+            # before it (on average (pc - top) / 2 more cached KV): the causal work, which
+            # grows with the square of the chunk. (Read along the chunk axis, a linear
+            # extension charged an 8,192-token prompt a third of it.) The decodes beside
+            # it are counted once, with the first piece.
             self._note("prefill_chunk")
-            pcs = self._pc_axis.vals
-            return self._beyond(self._pc_axis, lambda i: self._over_nd(pcs[i], nd, kp, kd), pc)
+            top = self._pc_axis.vals[-1]
+            kp_eq = kp + (pc - top) // 2
+            return (self._over_nd(top, nd, kp_eq, kd)
+                    + (pc / top - 1.0) * self._over_nd(top, 0, kp_eq, 0))
         pcs = self._pc_axis.vals
         v0 = self._over_nd(pcs[plo], nd, kp, kd)
         if phi == plo:

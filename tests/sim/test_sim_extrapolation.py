@@ -101,3 +101,36 @@ def test_summary_counts_lookups_off_the_grid(bundle_root):
     assert r.summary["latency_off_grid_lookups"] == sum(ex.values())
     inside = sim.simulate(make_cluster(400), flat_workload([(0, 1000, 2)]), opts_for(bundle_root))
     assert inside.summary["latency_off_grid_lookups"] == 0
+
+
+def test_prefill_beyond_the_chunk_grid_grows_with_its_causal_work():
+    """A prompt chunk above the measured grid (2,048 tokens in the shared bundles; vLLM
+    serve's default budget is 8,192 on cards of 70 GiB and more) costs its causal
+    attention work, which grows with the square of the chunk: read as pieces of the top
+    measured chunk over the rows before them. Before, the chunk axis was extended as a
+    line: one fresh 8,192-token prompt cost 5.1x a 2,048-token one on the RTX 4090 bundle
+    (work 16x; in the grid, 1,024 -> 2,048 tokens already costs 3.1x)."""
+    from sim.paths import shared_data_root
+
+    root = shared_data_root() / "profiles"
+    if not (root / "RTX4090").is_dir():
+        pytest.skip("no shared profiles")
+    p = MeasuredProvider(load_model("meta-llama/Llama-3.1-8B"), "RTX4090", 1)
+
+    def attn(chunk, kv=0, nd=0):
+        return p.attention_ns(BatchShape(num_tokens=chunk + nd, num_seqs=1 + nd,
+                                         prefill_tokens=chunk, prefill_kv=kv, num_decode=nd,
+                                         decode_kv_sum=nd * 1024, decode_kv_max=1024 if nd else 0,
+                                         decode_kv_min=1024 if nd else 0))
+
+    top = attn(2048)
+    assert 3.0 < attn(4096) / top < 4.2
+    assert 12.0 < attn(8192) / top < 16.5
+    # over a cached prefix the work grows less than the square: 4,096 over 8,192 cached
+    # tokens is 2.2x the work of 2,048 over the same prefix
+    assert 1.9 < attn(4096, 8192) / attn(2048, 8192) < 2.5
+    # decodes beside the chunk are charged once, not once per piece
+    extra_2k = attn(2048, nd=64) - top
+    extra_8k = attn(8192, nd=64) - attn(8192)
+    assert extra_8k < 3 * extra_2k
+    assert p.extrapolations()["prefill_chunk"] > 0
