@@ -159,8 +159,13 @@ def test_attention_above_grid_extrapolates_and_is_counted(tmp_path, model, axis,
     v = p.attention_ns(shape)
     assert p.extrapolations().get(axis, 0) >= 1
     if axis == "prefill_chunk":
-        slope = (quad_attn(2048, 0, 0, 0) - quad_attn(256, 0, 0, 0)) / (2048 - 256)
-        assert v == pytest.approx((quad_attn(2048, 0, 0, 0) + slope * (3000 - 2048)) * 1e3)
+        # 3,000 / 2,048 pieces of the top chunk, each over (3,000 - 2,048) / 2 = 476 more
+        # cached tokens on average (the causal rows before it), kv_prefill interpolated
+        # between its grid points 0 and 1,024
+        kp = (3000 - 2048) // 2
+        at_top = quad_attn(2048, 0, 0, 0) + kp / 1024 * (quad_attn(2048, 1024, 0, 0)
+                                                          - quad_attn(2048, 0, 0, 0))
+        assert v == pytest.approx(3000 / 2048 * at_top * 1e3)
     if axis == "kv_decode":
         def along_kd(nd):  # linear extrapolation from kv_decode 1024 and 8192
             a, b = quad_attn(0, 0, nd, 1024), quad_attn(0, 0, nd, 8192)
