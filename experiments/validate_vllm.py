@@ -54,12 +54,16 @@ def measured_stats(requests_jsonl: Path) -> dict[str, dict[str, float]]:
         raise InputError("each line must be a JSON object", source=str(requests_jsonl))
     metrics_from_requests(rows, str(requests_jsonl))  # every field checked, one line each
     ttft = [r["first_token_ts"] - r["queued_ts"] for r in rows]
-    tpot = [(r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1) for r in rows]
+    # TPOT is undefined for a one-token output (left out, as vLLM's benchmark does)
+    tpot = [(r["last_token_ts"] - r["first_token_ts"]) / (r["output_toks"] - 1) for r in rows
+            if r["output_toks"] > 1]
     e2e = [r["last_token_ts"] - r["queued_ts"] for r in rows]
     return {m: _stats(np.asarray(v) * 1e3) for m, v in zip(METRICS, (ttft, tpot, e2e))}
 
 
 def _stats(a: np.ndarray) -> dict[str, float]:
+    if not a.size:  # (TPOT of a run whose outputs are all one token long)
+        return dict.fromkeys(("mean", "p50", "p90", "p99"), float("nan"))
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
             "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
 

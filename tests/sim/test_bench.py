@@ -157,6 +157,21 @@ def test_compare_reads_per_request_jsonl_like_validate_vllm(tmp_path, capsys):
     assert main(["compare", str(bad), str(jsonl)]) == 2
 
 
+def test_validate_vllm_leaves_single_token_outputs_out_of_tpot(tmp_path):
+    """TPOT is undefined for a one-token output: vLLM's benchmark, ``llmsim compare`` and
+    the simulator's summary leave such requests out; validate_vllm counted them as 0."""
+    from experiments.validate_vllm import measured_stats
+
+    rows = [{"input_toks": 10, "output_toks": n, "queued_ts": 0.0, "first_token_ts": 0.1,
+             "last_token_ts": 0.1 + 0.02 * (n - 1)} for n in (1, 5, 9, 1)]
+    jsonl = tmp_path / "requests.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stats = measured_stats(jsonl)
+    assert stats["tpot"]["mean"] == pytest.approx(20.0)
+    assert stats["tpot"]["mean"] == pytest.approx(load_result(jsonl)["mean_tpot_ms"])
+    assert stats["ttft"]["mean"] == pytest.approx(100.0)  # every request keeps its TTFT
+
+
 def test_metrics_from_requests_rejects_missing_fields():
     from sim.errors import InputError
     with pytest.raises(InputError, match="first_token_ts"):
