@@ -252,6 +252,42 @@ class ModelSpec:
                 f"{label}={tp} does not divide num_attention_heads={self.num_attention_heads} "
                 f"of {self.name} (allowed: {', '.join(map(str, allowed))})", source=source)
 
+    def check_weight_blocks(self, tp: int, moe_tp: int, source: str | None = None) -> None:
+        """Block-scaled FP8 weights shard only into whole scale blocks: vLLM refuses to
+        load a column-parallel linear (qkv, gate_up, the experts' gate_up) whose output
+        shard is not a multiple of block_n, or a row-parallel one (o_proj, down, the
+        experts' down) whose input shard is not a multiple of block_k. ``moe_tp`` is how
+        many ranks share each expert (tp, dp x tp for a DP group without expert
+        parallelism, 1 with it)."""
+        if not (self.is_fp8 and self.weight_block_size):
+            return
+        bn, bk = self.weight_block_size
+        d = self.head_dim
+        q = self.num_attention_heads * d
+        # (layer, which of its dimensions, that dimension per rank, the block it must fill);
+        # KV heads replicate when tp exceeds them (one a rank)
+        shards = [("qkv_proj", "query output", q / tp, bn),
+                  ("qkv_proj", "key/value output", max(1, self.num_key_value_heads // tp) * d,
+                   bn),
+                  ("o_proj", "input", q / tp, bk)]
+        if "gate_up_proj" in self.block_sequence:
+            shards += [("gate_up_proj", "output", self.intermediate_size / tp, bn),
+                       ("down_proj", "input", self.intermediate_size / tp, bk)]
+        if self.is_moe:
+            shards += [("the experts' gate_up", "output", self.moe_intermediate_size / moe_tp,
+                        bn),
+                       ("the experts' down", "input", self.moe_intermediate_size / moe_tp, bk)]
+        for layer, dim, per_rank, block in shards:
+            if per_rank % block:
+                ranks = moe_tp if layer.startswith("the experts") else tp
+                hint = ("; with expert parallelism (ep_size) each rank holds whole experts"
+                        if layer.startswith("the experts") else "")
+                raise InputError(
+                    f"{self.name}'s FP8 weights are scaled in {bn} x {bk} blocks, but "
+                    f"{layer}'s {dim} over {ranks} ranks is {per_rank:g} a rank, not a whole "
+                    f"number of {block}-wide blocks (vLLM refuses to load it){hint}",
+                    source=source)
+
     def check_pp(self, pp: int, source: str | None = None, label: str = "pp_size") -> None:
         """Every pipeline stage holds at least one decoder layer (vLLM's get_pp_indices
         splits num_hidden_layers over the stages; a stage without one would do nothing)."""

@@ -61,6 +61,10 @@ def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
         model.check_pp(inst.pp_size, source=where)
+        # each expert is shared by the tp ranks, by all dp x tp ranks of a DP group without
+        # expert parallelism (vLLM's flatten_tp_across_dp), by none with it
+        moe_tp = 1 if inst.ep_size > 1 else inst.tp_size * dp_group_size(cluster, inst)
+        model.check_weight_blocks(inst.tp_size, moe_tp, source=where)
         blocks = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens,
                                o.max_num_seqs, dp_group_size(cluster, inst)).num_blocks
         total += blocks

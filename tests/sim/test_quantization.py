@@ -212,3 +212,38 @@ def test_bad_fp8_input_exits_2(tmp_path, capsys):
     assert "A100-80G-SXM" in line and "fp8" in line
     line = run(_cluster_dict(model="Qwen3-235B-A22B-FP8", tp=2, mem=80))
     assert "weights need" in line and "Qwen3-235B-A22B-FP8" in line
+
+
+def test_block_scaled_fp8_shards_must_be_whole_blocks(tmp_path, capsys):
+    """vLLM refuses to load block-scaled FP8 weights whose TP shard is not a whole number of
+    scale blocks (Fp8LinearMethod / the FP8 MoE method: an output shard a multiple of
+    block_n, an input shard of block_k): Qwen3-235B-A22B-FP8's experts (1,536 wide, 128 x
+    128 blocks) cannot run at TP 8 without expert parallelism (192 a rank), nor in a DP 2
+    group without EP at TP 4 (vLLM flattens the experts over dp x tp = 8). With EP each
+    rank holds whole experts. Before, the simulator (auto: the roofline, after aic said
+    so) ran the configuration vLLM cannot."""
+    model = load_model("Qwen3-235B-A22B-FP8")
+    model.check_weight_blocks(4, 4)
+    model.check_weight_blocks(8, 1)           # EP 8: whole experts
+    with pytest.raises(InputError, match=r"192.*128"):
+        model.check_weight_blocks(8, 8)
+    load_model("Llama-3.1-70B-FP8").check_weight_blocks(8, 8)   # per-tensor scales
+
+    def run(inst_extra, top_extra=None):
+        inst = {"model_name": "Qwen3-235B-A22B-FP8", "hardware": "H100-SXM",
+                "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+                "num_npus": 8, "tp_size": 8, **inst_extra}
+        c = tmp_path / "c.json"
+        c.write_text(json.dumps({"num_nodes": 1, "nodes": [{"num_instances": 1,
+                                                             "instances": [inst]}]}))
+        w = tmp_path / "w.jsonl"
+        w.write_text(json.dumps({"input_toks": 10, "output_toks": 2, "arrival_time_ns": 0})
+                     + "\n")
+        return main(["run", "--cluster", str(c), "--dataset", str(w), "--output",
+                     str(tmp_path / "o.csv"), "--latency-provider", "roofline"])
+
+    assert run({}) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "192" in err[0] and "ep_size" in err[0] \
+        and "Traceback" not in err[0], err
+    assert run({"ep_size": 8}) == 0
