@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from astrasim import GraphBuilder  # noqa: E402
 
 import sim  # noqa: E402
-from sim.backend import AstraInprocBackend, custom_all_reduce_below  # noqa: E402
+from sim.backend import (AstraInprocBackend, custom_all_reduce_below,  # noqa: E402
+                         custom_all_reduce_fixed_ns)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
 from sim.hardware import load_hardware  # noqa: E402
@@ -100,10 +101,11 @@ def simulated_us(backend, hardware: str, tp: int, nbytes: int) -> float:
     inst = _instance(hardware, tp)
     involved = [True] + [False] * (len(inst.network.dims) - 1)
     one_shot = custom_all_reduce_below(inst)
+    fixed = custom_all_reduce_fixed_ns(inst)
     graphs = {}
     for rank in range(tp):
         b = GraphBuilder(rank)
-        tp_all_reduce(b, nbytes, involved, one_shot, "tp_all_reduce")
+        tp_all_reduce(b, nbytes, involved, one_shot, "tp_all_reduce", fixed)
         graphs[rank] = b.build()
     return backend.run_graphs(inst.network, graphs, name="tp_all_reduce") / 1e3
 

@@ -111,13 +111,36 @@ def custom_all_reduce_below(inst) -> int:
     return limit
 
 
+def custom_all_reduce_fixed_ns(inst) -> int:
+    """The fixed cost of vLLM's one-stage custom all-reduce on ``inst`` that its network
+    does not carry: the card's measured smallest custom all-reduce
+    (``custom_allreduce_min_us``: the kernel's launch in the CUDA graph and its cross-GPU
+    flag barrier) less what the network charges that message (its hops' latency and 256
+    bytes on the link). 0 where the card has no such measurement, or where the link's
+    latency is a cluster file's or a measured one (per message, end to end: it holds the
+    fixed cost already)."""
+    from sim.hardware import load_hardware
+    from sim.topology import FILE_TOPOLOGY
+
+    try:
+        hw = load_hardware(inst.config.hardware)
+    except InputError:
+        return 0
+    link = inst.network.dims[0].link
+    if hw.custom_allreduce_min_us is None or link.topology == FILE_TOPOLOGY:
+        return 0
+    hops = 2 if link.topology == "Switch" else 1
+    charged = hops * link.latency_ns + 256 / link.bytes_per_ns
+    return max(0, int(hw.custom_allreduce_min_us * 1e3 - charged))
+
+
 #: entries a backend's reuse cache holds before it starts over (a few MB)
 REUSE_CACHE_MAX = 1 << 17
 
 
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
                             cache: dict | None = None, logits_bytes: int = 0,
-                            one_shot_below: int = 0) -> int:
+                            one_shot_below: int = 0, one_shot_fixed_ns: int = 0) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 
@@ -133,7 +156,8 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     all-reduces of the activations, the KV load, the stage hop, and the TP collectives of
     the ends (the embedding's all-reduce, the logits' all-gather of ``logits_bytes`` per
     rank). All-reduces below ``one_shot_below`` bytes run as vLLM's custom all-reduce
-    (:func:`custom_all_reduce_below`). Each such part is a
+    (:func:`custom_all_reduce_below`; its fixed cost ``one_shot_fixed_ns``,
+    :func:`custom_all_reduce_fixed_ns`). Each such part is a
     function of one size (the activation bytes, the KV-load bytes), ``cache`` (key ->
     cycles) remembers it across iterations, and a part with no communication (a TP=1
     block, nothing to load) takes no system simulation at all.
@@ -147,7 +171,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         if name in TP_ALLREDUCE_AFTER:
             collectives += 1
     # the parts with communication, by key (None: nothing to simulate)
-    one_shot = act < one_shot_below
+    one_shot = one_shot_fixed_ns if act < one_shot_below else -1
     block_key = ("block", act, collectives, one_shot) if inst.tp > 1 and collectives else None
     ends_key = ("ends", load_bytes) if load_bytes else None
     # the TP collectives of the ends: the embedding's all-reduce, the logits' all-gather
@@ -165,7 +189,8 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
             # the block's layers that end in an all-reduce, with no compute left
             reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
             return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims,
-                                ends=False, one_shot_below=one_shot_below)
+                                ends=False, one_shot_below=one_shot_below,
+                                one_shot_fixed_ns=one_shot_fixed_ns)
 
         def ends():
             return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
@@ -176,7 +201,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
 
         builders = {"block": block, "ends": ends, "hop": hop,
                     "embed": lambda: tp_collective_graphs(inst.tp, "all_reduce", act, ndims,
-                                                          one_shot_below),
+                                                          one_shot_below, one_shot_fixed_ns),
                     "gather": lambda: tp_collective_graphs(inst.tp, "all_gather",
                                                            logits_bytes, ndims)}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
@@ -216,7 +241,7 @@ class _GraphBackend(ABC):
         # id(inst.network) -> (network, memory, key, cache); holding the network keeps
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
-        # id(inst) -> (inst, custom_all_reduce_below(inst))
+        # id(inst) -> (inst, custom_all_reduce_below(inst), custom_all_reduce_fixed_ns(inst))
         self._one_shot: dict[int, tuple] = {}
 
     @abstractmethod
@@ -263,11 +288,12 @@ class _GraphBackend(ABC):
         if one_shot is None or one_shot[0] is not inst:
             if len(self._one_shot) > 1024:
                 self._one_shot.clear()
-            one_shot = self._one_shot[id(inst)] = (inst, custom_all_reduce_below(inst))
+            one_shot = self._one_shot[id(inst)] = (inst, custom_all_reduce_below(inst),
+                                                   custom_all_reduce_fixed_ns(inst))
         return decomposed_iteration_ns(
             lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
-            cache, _logits_bytes(inst, shape), one_shot[1])
+            cache, _logits_bytes(inst, shape), one_shot[1], one_shot[2])
 
     def reuse_entries(self) -> int:
         """Iteration parts remembered so far, over every network."""

@@ -71,17 +71,22 @@ def _head_split(head: tuple[tuple[str, int], ...]) -> tuple[int, int]:
 
 
 def tp_all_reduce(b: GraphBuilder, size_bytes: int, involved, one_shot_below: int = 0,
-                  name: str = "") -> int:
+                  name: str = "", one_shot_fixed_ns: int = 0) -> int:
     """A TP all-reduce of ``size_bytes``: vLLM's one-stage custom all-reduce (an all-gather
-    of the buffer, see the module docstring) below ``one_shot_below`` bytes, else a ring."""
+    of the buffer, see the module docstring) below ``one_shot_below`` bytes, its kernel's
+    fixed cost (``one_shot_fixed_ns``, :func:`sim.backend.custom_all_reduce_fixed_ns`) on
+    the GPU first; else a ring."""
     if size_bytes < one_shot_below:
+        if one_shot_fixed_ns > 0:
+            b.comp(one_shot_fixed_ns, name="custom_all_reduce_fixed")
         return b.all_gather(size_bytes, involved_dim=involved, name=name or "custom_all_reduce")
     return b.all_reduce(size_bytes, involved_dim=involved, name=name)
 
 
 def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                  load_bytes: int = 0, ndims: int | None = None, logits_bytes: int = 0,
-                 ends: bool = True, one_shot_below: int = 0) -> dict[int, Graph]:
+                 ends: bool = True, one_shot_below: int = 0,
+                 one_shot_fixed_ns: int = 0) -> dict[int, Graph]:
     """Graphs of every NPU; ``ndims`` is the network's dimension count (default: 2 when
     pp > 1), so a single stage's graph can run on a pipelined instance's network.
     ``logits_bytes`` is one rank's logits shard (:func:`logits_shard_bytes`); ``ends``
@@ -111,7 +116,8 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                     if acc:
                         b.comp(acc)
                         acc = 0
-                    tp_all_reduce(b, act_bytes, involved, one_shot_below, "embedding_all_reduce")
+                    tp_all_reduce(b, act_bytes, involved, one_shot_below, "embedding_all_reduce",
+                                  one_shot_fixed_ns)
             else:
                 b.recv(npu - tp, act_bytes, tag=stage, name="pp_recv")
                 acc = 0
@@ -123,7 +129,8 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                         if acc:
                             b.comp(acc)
                             acc = 0
-                        tp_all_reduce(b, act_bytes, involved, one_shot_below)
+                        tp_all_reduce(b, act_bytes, involved, one_shot_below,
+                                      one_shot_fixed_ns=one_shot_fixed_ns)
             if stage == pp - 1:
                 acc += head_pre
                 if tp_ends and logits_bytes:
@@ -142,15 +149,16 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
     return graphs
 
 
-def tp_collective_graphs(tp: int, collective: str, size_bytes: int,
-                         ndims: int = 1, one_shot_below: int = 0) -> dict[int, Graph]:
+def tp_collective_graphs(tp: int, collective: str, size_bytes: int, ndims: int = 1,
+                         one_shot_below: int = 0, one_shot_fixed_ns: int = 0) -> dict[int, Graph]:
     """Every rank of one TP group running one collective (``all_reduce`` or ``all_gather``)
     over dimension 0 of a network of ``ndims`` dimensions, nothing else (an all-reduce as
     :func:`tp_all_reduce` runs it)."""
     involved = [True] + [False] * (ndims - 1)
     b = GraphBuilder(0)
     if collective == "all_reduce":
-        tp_all_reduce(b, size_bytes, involved, one_shot_below, "tp_all_reduce")
+        tp_all_reduce(b, size_bytes, involved, one_shot_below, "tp_all_reduce",
+                      one_shot_fixed_ns)
     else:
         getattr(b, collective)(size_bytes, involved_dim=involved, name=f"tp_{collective}")
     first = b.build()

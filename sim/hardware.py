@@ -84,6 +84,10 @@ class HardwareSpec:
     #: in place of the physical link above. None: not measured.
     measured_link_bw_GiBps: float | None = None
     measured_link_latency_ns: float | None = None
+    #: vLLM's one-stage custom all-reduce of 256 bytes between two of these cards inside a
+    #: CUDA graph, in us: the kernel's fixed cost, which the physical link's hops do not
+    #: carry (sim.backend.custom_all_reduce_fixed_ns). None: not measured.
+    custom_allreduce_min_us: float | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -130,7 +134,7 @@ def _number(d: dict, key: str, source: str) -> float:
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
 #: finite and at most MAX_NUMBER (as in a cluster file)
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
-             "measured_mem_bw_GBps", "measured_link_bw_GiBps")
+             "measured_mem_bw_GBps", "measured_link_bw_GiBps", "custom_allreduce_min_us")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
                  "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns")
 
@@ -271,6 +275,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                                 else float(d["measured_link_bw_GiBps"])),
         measured_link_latency_ns=(None if d.get("measured_link_latency_ns") is None
                                   else float(d["measured_link_latency_ns"])),
+        custom_allreduce_min_us=(None if d.get("custom_allreduce_min_us") is None
+                                 else float(d["custom_allreduce_min_us"])),
         source=source,
     )
 

@@ -415,3 +415,33 @@ def test_no_custom_all_reduce_without_peer_access_or_beyond_two_ranks():
     assert custom_all_reduce_below(four090.instances[0]) == 0  # GeForce: no P2P
     h100x4 = sim.Simulator(_cluster(4, 1), sim.SimOptions(latency_provider="roofline"))
     assert custom_all_reduce_below(h100x4.instances[0]) == 0
+
+
+def test_custom_all_reduce_carries_its_measured_fixed_cost_on_physical_links():
+    """vLLM 0.19's one-stage custom all-reduce between two H100s costs 4.27 us in a CUDA
+    graph for 256 bytes and 4.4 us for one 70B token (16 KiB), measured (aiconfigurator's
+    data); the catalogue's NVLink link charged 0.7 us: its hops alone, without the
+    kernel's launch and flag barrier. The fixed cost comes from the catalogue's
+    ``custom_allreduce_min_us``; a cluster file's per-message latency holds it already."""
+    from sim.backend import custom_all_reduce_fixed_ns
+    from sim.graph_generator import tp_collective_graphs
+
+    def one_token_all_reduce_ns(**top):
+        cluster = {"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
+            "model_name": LLAMA, "hardware": "H100-SXM",
+            "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0},
+            "num_npus": 2, "tp_size": 2}]}], **top}
+        s = sim.Simulator(sim.parse_cluster(cluster), sim.SimOptions(latency_provider="roofline"))
+        inst = s.instances[0]
+        ns = s.backend.run_graphs(inst.network, tp_collective_graphs(
+            2, "all_reduce", 16384, one_shot_below=custom_all_reduce_below(inst),
+            one_shot_fixed_ns=custom_all_reduce_fixed_ns(inst)))
+        s.close()
+        return ns, custom_all_reduce_fixed_ns(inst)
+
+    ns, fixed = one_token_all_reduce_ns()
+    assert 3_500 < fixed < 4_267
+    assert ns == pytest.approx(4_400, rel=0.05)
+    # a file's link latency is per message, end to end: no fixed cost on top
+    ns, fixed = one_token_all_reduce_ns(link_bw=419, link_latency=4000)
+    assert fixed == 0 and ns == pytest.approx(4_000 + 16384 / (419 * (1 << 30) / 1e9), abs=50)
