@@ -13,14 +13,16 @@ the catalogue's link, vLLM's one-stage custom all-reduce below its limit for two
 else a ring) next to vLLM's, for the hidden sizes of a Llama-3.1-70B step (8,192 bf16
 values a token).
 
-What it shows (2026-11-26): on the physical NVLink links the simulated all-reduce has no
-per-collective fixed cost (vLLM's costs 4-5 us in a graph on Hopper however small the
-input, 7-8 us on B200) and runs at the link's full per-direction bandwidth, where vLLM's
-reach less: H100 TP2 0.15-0.77 of vLLM's time, TP4 0.62-0.88, TP8 0.91-1.65 (the ring's
-14 hops at one token). The RTX PRO 6000 runs on the link NCCL measured between two of
-the cards (the catalogue's ``measured_link_*``): 0.35-0.51 of vLLM's time on NVIDIA's
-8-card node, whose one-shot custom all-reduce over PCIe is about twice NCCL's all-reduce
-there (aiconfigurator-core's nccl data); on the physical PCIe 5 link it was 0.06-0.26.
+What it shows (2026-11-26): the one-stage custom all-reduce (TP 2) carries the kernel's
+measured fixed cost (the catalogue's ``custom_allreduce_min_us``), so a one-token TP2
+all-reduce on an H100 is 4.3 us against vLLM's 4.4 (0.7 before); it still runs at the
+link's full per-direction bandwidth where vLLM's reaches less (H100 TP2 0.67-0.80 of
+vLLM's time at 64-256 tokens, 0.56-0.77 above). TP 4/8 run a ring, whose hop latencies
+stand in for the fixed cost: H100 TP4 0.62-0.88, TP8 0.91-1.65 (14 hops at one token);
+vLLM runs its custom all-reduce (one or two rounds) or symmetric memory there. The RTX PRO
+6000 runs on the link NCCL measured between two of the cards (``measured_link_*``): 0.35-
+0.51 of vLLM's time on NVIDIA's 8-card node, whose one-shot custom all-reduce over PCIe is
+about twice NCCL's all-reduce there; on the physical PCIe 5 link it was 0.06-0.26.
 """
 
 from __future__ import annotations
