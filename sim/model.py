@@ -298,6 +298,14 @@ class ModelSpec:
                 f"1..{self.num_hidden_layers}", source=source)
 
 
+def expert_shard_ranks(tp: int, ep: int, dp: int = 1) -> int:
+    """How many ranks share each expert of an MoE layer (its intermediate width sharded
+    over them), as vLLM 0.19's FusedMoEParallelConfig lays experts out: none with expert
+    parallelism (each rank holds whole experts), else the tp ranks, or all dp x tp ranks
+    of a DP group (flatten_tp_across_dp)."""
+    return 1 if ep > 1 else tp * dp
+
+
 _DIM_MAX = 2**31 - 1  # torch's int32 shape limits in the kernels vLLM runs
 
 

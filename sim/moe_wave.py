@@ -61,6 +61,7 @@ from astrasim import GraphBuilder
 
 from sim.errors import InputError
 from sim.latency.base import BatchShape
+from sim.model import expert_shard_ranks
 from sim.options import ALL2ALL_BACKENDS
 
 #: vLLM 0.19's default (its resolved config: parallel_config.all2all_backend)
@@ -244,7 +245,7 @@ class MoEWave:
         data at TP degree dp * tp where there is some, else the instance's own scaled by
         tp / (dp * tp) (the fused-MoE kernel's weight bytes and FLOPs both scale with the
         intermediate width)."""
-        flat_tp = dp * inst.tp
+        flat_tp = expert_shard_ranks(inst.tp, 1, dp)
         key = (id(inst.provider), flat_tp)
         prov = self._flat.get(key, False)
         if prov is False:

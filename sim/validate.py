@@ -13,7 +13,7 @@ from sim.cluster import ClusterConfig, InstanceConfig, unsupported_features
 from sim.errors import InputError
 from sim.memory import memory_budget
 from sim.metrics import MAX_SERIES_BUCKETS  # the time series' row cap (arrivals are held to it)
-from sim.model import ModelSpec, load_model, served_model
+from sim.model import ModelSpec, expert_shard_ranks, load_model, served_model
 from sim.options import SimOptions
 from sim.power import PowerModel
 
@@ -61,12 +61,11 @@ def _check_instances(cluster: ClusterConfig, opts: SimOptions) -> None:
         model = instance_model(inst, o, where)
         model.check_tp(inst.tp_size, source=where)
         model.check_pp(inst.pp_size, source=where)
-        # each expert is shared by the tp ranks, by all dp x tp ranks of a DP group without
-        # expert parallelism (vLLM's flatten_tp_across_dp), by none with it
-        moe_tp = 1 if inst.ep_size > 1 else inst.tp_size * dp_group_size(cluster, inst)
-        model.check_weight_blocks(inst.tp_size, moe_tp, source=where)
+        dp = dp_group_size(cluster, inst)
+        model.check_weight_blocks(inst.tp_size, expert_shard_ranks(inst.tp_size, inst.ep_size, dp),
+                                  source=where)
         blocks = memory_budget(inst, model, o.block_size, o.max_num_batched_tokens,
-                               o.max_num_seqs, dp_group_size(cluster, inst)).num_blocks
+                               o.max_num_seqs, dp).num_blocks
         total += blocks
         if total > MAX_KV_BLOCKS:
             raise InputError(

@@ -42,7 +42,7 @@ from sim.cache import cached
 from sim.errors import InputError, read_text_input
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
-from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec
+from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, expert_shard_ranks
 from sim.paths import profiles_root, shared_data_root
 from sim.yamlio import strict_load, yaml_problem
 
@@ -344,9 +344,8 @@ class MeasuredProvider(LatencyProvider):
         self.model = model
         self.hardware = hardware
         self.tp = tp
-        #: how many ranks share each expert (its intermediate width sharded over them):
-        #: the tp ranks without expert parallelism, none with it (whole experts per rank)
-        self.moe_tp = 1 if ep_size > 1 else tp
+        #: how many ranks share each expert (its intermediate width sharded over them)
+        self.moe_tp = expert_shard_ranks(tp, ep_size)
         root = bundle or find_bundle(hardware, model, profiles_dirs)
         if root is None:
             searched = ", ".join(str(d) for d in bundle_search_dirs(profiles_dirs))
@@ -380,10 +379,10 @@ class MeasuredProvider(LatencyProvider):
         files = [Path(__file__), self.root / "meta.yaml", *sorted(self.root.glob("*.csv")),
                  *sorted(tp_dir.glob("*.csv"))]
         if self.model.is_moe:
-            files.append(self._moe_table(tp_dir)[0])
+            files.append(self._moe_table()[0])
         return [f for f in dict.fromkeys(files) if f.is_file()]
 
-    def _moe_table(self, tp_dir: Path) -> tuple[Path, float]:
+    def _moe_table(self) -> tuple[Path, float]:
         """The moe.csv for this rank's expert layout and the factor its times take.
 
         A bundle's ``tp<N>/moe.csv`` is measured with every expert sharded over N ranks
@@ -397,13 +396,13 @@ class MeasuredProvider(LatencyProvider):
         own = self.root / f"tp{self.moe_tp}" / "moe.csv"
         if own.is_file():
             return own, 1.0
-        other = tp_dir / "moe.csv" if self.moe_tp == 1 else self.root / "tp1" / "moe.csv"
+        other_tp = self.tp if self.moe_tp == 1 else 1
+        other = self.root / f"tp{other_tp}" / "moe.csv"
         if not other.is_file():
             raise InputError("MoE model but the bundle has no moe.csv (looked for "
                              f"{own.relative_to(self.root)} and {other.relative_to(self.root)})",
                              source=str(self.root))
-        measured_tp = self.tp if self.moe_tp == 1 else 1
-        return other, measured_tp / self.moe_tp
+        return other, other_tp / self.moe_tp
 
     def _build(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> dict:
         """Parse the bundle and build every lookup table; returns them as plain data
@@ -422,7 +421,7 @@ class MeasuredProvider(LatencyProvider):
                              f"{type(self.meta).__name__}", source=str(meta_path))
         self._build_dense(tp_dir, max_tokens, max_seqs)
         self._build_attention(tp_dir / "attention.csv")
-        self._moe = self._build_moe(tp_dir) if self.model.is_moe else None
+        self._moe = self._build_moe() if self.model.is_moe else None
         self._skew = self._build_skew(self.tp)
         state = {name: getattr(self, name) for name in _STATE}
         # the per-layer tables as packed doubles: only the multi-NPU path reads them
@@ -587,8 +586,8 @@ class MeasuredProvider(LatencyProvider):
                self._label(ax["kp_bins"], ax["kp_labels"], shape.prefill_kv))
         return sk["table"].get(key, sk["default"])
 
-    def _build_moe(self, tp_dir: Path):
-        path, scale = self._moe_table(tp_dir)
+    def _build_moe(self):
+        path, scale = self._moe_table()
         rows = _read_csv(path, ("tokens", "activated_experts", "time_us"))
         if not rows:
             raise InputError("MoE profile has no rows (a header alone)", source=str(path))

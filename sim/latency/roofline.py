@@ -30,7 +30,8 @@ from pathlib import Path
 from sim.errors import InputError
 from sim.hardware import HardwareSpec, load_hardware
 from sim.latency.base import LATENCY_PROVIDERS, BatchShape, LatencyProvider, LayerTimes
-from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, check_fp8_hardware
+from sim.model import (HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, check_fp8_hardware,
+                       expert_shard_ranks)
 from sim.paths import profiles_root
 
 #: op class of every layer name the model walks
@@ -289,7 +290,7 @@ class RooflineProvider(LatencyProvider):
         self._cls = {c: _Class(*self._class_rates(c, cal[c], dtypes.get(c, model.dtype)))
                      for c in CLASSES if c != "attn_mixed"}
         # moe_ns is one rank's MoE layer in the instance's layout (whole experts with EP)
-        self._r = RankDims(model, tp, 1 if ep_size > 1 else tp)
+        self._r = RankDims(model, tp, expert_shard_ranks(tp, ep_size))
         self._min_rows = cal["attn_prefill"]["min_parallel_rows"]
         self._pad = cal["attn_mixed"]["decode_pad_rows"]
         seq = model.block_sequence
