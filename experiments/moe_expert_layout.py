@@ -63,27 +63,33 @@ def rank_table(model_name: str) -> None:
     print()
 
 
+def layout_replay(kind: str, hardware: str, model_name: str, tp: int, ep: int) -> dict:
+    """The summary of a short burst (48 requests, 256-1024 prompt tokens, 32-96 output
+    tokens, 200 req/s; max_num_seqs 64, max_num_batched_tokens 2048) on one TP ``tp`` x EP
+    ``ep`` instance of ``model_name`` with the ``kind`` provider."""
+    cluster = sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 1000, "nodes": [{
+        "num_instances": 1, "cpu_mem": {"mem_size": 512, "mem_bw": 50, "mem_latency": 0},
+        "instances": [{"model_name": model_name, "hardware": hardware,
+                       "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0,
+                                   "mem_util": 0.9},
+                       "num_npus": tp, "tp_size": tp, "ep_size": ep}]}]})
+    wl = sim.generate(sim.WorkloadSpec(num_requests=48, arrival="poisson", rate=200.0,
+                                       input=sim.LengthDist("uniform", low=256, high=1024),
+                                       output=sim.LengthDist("uniform", low=32, high=96),
+                                       seed=3))
+    opts = sim.SimOptions(max_num_seqs=64, max_num_batched_tokens=2048, latency_provider=kind)
+    return sim.Simulator(cluster, opts).run(wl).summary
+
+
 def replay_table(model_name: str) -> None:
     print("Replay (48 requests, 256-1024 prompt tokens, 32-96 output tokens, 200 req/s; "
           "max_num_seqs 64, max_num_batched_tokens 2048)")
     print()
     print("| provider | layout | TPOT mean ms | TTFT mean ms |")
     print("|---|---|---:|---:|")
-    wl = sim.generate(sim.WorkloadSpec(num_requests=48, arrival="poisson", rate=200.0,
-                                       input=sim.LengthDist("uniform", low=256, high=1024),
-                                       output=sim.LengthDist("uniform", low=32, high=96),
-                                       seed=3))
     for kind, hw in _providers():
         for name, tp, ep in (("tp2", 2, 1), ("tp2 x ep2", 2, 2), ("tp1", 1, 1)):
-            cluster = sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 1000,
-                                         "nodes": [{"num_instances": 1, "instances": [{
-                                             "model_name": model_name, "hardware": hw,
-                                             "npu_mem": {"mem_size": 80, "mem_bw": 3350,
-                                                         "mem_latency": 0, "mem_util": 0.9},
-                                             "num_npus": tp, "tp_size": tp, "ep_size": ep}]}]})
-            opts = sim.SimOptions(max_num_seqs=64, max_num_batched_tokens=2048,
-                                  latency_provider=kind)
-            s = sim.Simulator(cluster, opts).run(wl).summary
+            s = layout_replay(kind, hw, model_name, tp, ep)
             print(f"| {kind} ({hw}) | {name} | {s['tpot_ms']['mean']:.2f} | "
                   f"{s['ttft_ms']['mean']:.1f} |")
     print()

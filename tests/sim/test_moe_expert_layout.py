@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import pytest
 
-import sim
 from sim.latency.base import load_providers
 from sim.model import load_model
 from sim.paths import shared_data_root
@@ -77,28 +76,15 @@ def test_a_tensor_parallel_rank_runs_a_1_over_tp_shard_of_every_expert(kind, har
         assert 0.4 < ratio < 0.65, (tokens, ratio)
 
 
-def _replay(kind: str, hardware: str, tp: int, ep: int) -> dict:
-    cluster = sim.parse_cluster({"num_nodes": 1, "link_bw": 450, "link_latency": 1000, "nodes": [{
-        "num_instances": 1, "cpu_mem": {"mem_size": 512, "mem_bw": 50, "mem_latency": 0},
-        "instances": [{"model_name": MODEL, "hardware": hardware,
-                       "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0,
-                                   "mem_util": 0.9},
-                       "num_npus": tp, "tp_size": tp, "ep_size": ep}]}]})
-    wl = sim.generate(sim.WorkloadSpec(num_requests=48, arrival="poisson", rate=200.0,
-                                       input=sim.LengthDist("uniform", low=256, high=1024),
-                                       output=sim.LengthDist("uniform", low=32, high=96),
-                                       seed=3))
-    opts = sim.SimOptions(max_num_seqs=64, max_num_batched_tokens=2048, latency_provider=kind)
-    return sim.Simulator(cluster, opts).run(wl).summary
-
-
 @pytest.mark.parametrize("kind,hardware", PROVIDERS)
 def test_expert_parallelism_inside_a_tp_group_moves_work_without_removing_it(kind, hardware):
     """TP2 with and without --enable-expert-parallel: per rank the same expert FLOPs and
     weight bytes (whole experts for half the assignments, or half of every expert for all
     of them), so the replay's speed barely moves; before, EP's roofline TPOT was 36% lower."""
-    tp = _replay(kind, hardware, 2, 1)
-    ep = _replay(kind, hardware, 2, 2)
+    from experiments.moe_expert_layout import layout_replay
+
+    tp = layout_replay(kind, hardware, MODEL, 2, 1)
+    ep = layout_replay(kind, hardware, MODEL, 2, 2)
     for metric in ("tpot_ms", "ttft_ms"):
         ratio = ep[metric]["mean"] / tp[metric]["mean"]
         assert 0.85 < ratio < 1.2, (metric, ratio)

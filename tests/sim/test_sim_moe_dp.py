@@ -351,19 +351,17 @@ def _replay_real_dp2_ep2_run(provider: str):
     folder = shared_data_root() / "validation" / "RTXPRO6000-Qwen3-30B-A3B-DP2-EP2"
     if not (folder / "vllm" / "requests.jsonl").is_file():
         pytest.skip(f"shared validation data not available: {folder}")
+    from experiments.validate_vllm import measured_stats
+
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
-    rows = [json.loads(x) for x in (folder / "vllm" / "requests.jsonl").read_text().splitlines()
-            if x.strip()]
     kw = meta["engine_kwargs"]
     res = sim.simulate(sim.load_cluster(folder / "cluster.json"),
                        sim.load_jsonl(shared_data_root() / meta["dataset_path"]),
                        sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
                                       max_num_batched_tokens=kw["max_num_batched_tokens"],
                                       latency_provider=provider))
-    real_tpot = sum((r["last_token_ts"] - r["first_token_ts"]) / max(1, r["output_toks"] - 1)
-                    for r in rows) / len(rows) * 1e3
-    real_e2e = sum(r["last_token_ts"] - r["queued_ts"] for r in rows) / len(rows) * 1e3
-    return res, real_tpot, real_e2e
+    real = measured_stats(folder / "vllm" / "requests.jsonl")
+    return res, real["tpot"]["mean"], real["e2e"]["mean"]
 
 
 def test_replay_of_the_real_dp2_ep2_run_tracks_its_decode_speed():
