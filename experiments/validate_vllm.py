@@ -6,7 +6,8 @@ Without folders it replays every case under ../shared/data/validation (CASES lis
 known ones with their targets: the largest |error| allowed on the means and on the
 percentiles).
 
-A validation folder holds cluster.json and vllm/{meta.json,requests.jsonl}. meta.json names
+A validation folder holds cluster.json (or config.json, as LLMServingSim's bench/examples
+name it) and vllm/{meta.json,requests.jsonl}. meta.json names
 the dataset (relative to ../shared/data) and the engine's batching limits, which are
 replayed as they were. Measured TTFT = first_token_ts - queued_ts, TPOT = (last -
 first) / (output - 1), E2E = last_token_ts - queued_ts. queued_ts is when the engine core
@@ -96,7 +97,7 @@ def run_validation(folder: Path, latency_provider: str = "measured",
     kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
     dataset = shared_data_root() / meta["dataset_path"]
-    cluster = sim.load_cluster(folder / "cluster.json")
+    cluster = sim.load_cluster(cluster_file(folder))
     if kv.get("gpu_memory_utilization"):
         # vLLM's own setting, not a value calibrated in cluster.json: the KV capacity
         # follows from it as vLLM derives it (sim/memory.py).
@@ -144,18 +145,31 @@ def load_meta(folder: Path) -> dict:
     return meta
 
 
+#: the names a validation folder's cluster file may have, in the order they are looked for
+CLUSTER_FILES = ("cluster.json", "config.json")
+
+
+def cluster_file(folder: Path) -> Path:
+    """The folder's cluster file: cluster.json, else config.json (LLMServingSim's
+    bench/examples name)."""
+    return next((folder / n for n in CLUSTER_FILES if (folder / n).is_file()),
+                folder / CLUSTER_FILES[0])
+
+
 def check_folder(folder: Path) -> None:
-    """A validation folder holds cluster.json, vllm/meta.json and vllm/requests.jsonl."""
+    """A validation folder holds a cluster file, vllm/meta.json and vllm/requests.jsonl."""
     from sim.errors import InputError
 
+    holds = "cluster.json (or config.json), vllm/meta.json and vllm/requests.jsonl"
     if not folder.is_dir():
-        raise InputError(f"{folder}: no such folder (a validation folder with cluster.json, "
-                         "vllm/meta.json and vllm/requests.jsonl)")
-    missing = [n for n in ("cluster.json", "vllm/meta.json", "vllm/requests.jsonl")
+        raise InputError(f"{folder}: no such folder (a validation folder with {holds})")
+    missing = [n for n in ("vllm/meta.json", "vllm/requests.jsonl")
                if not (folder / n).is_file()]
+    if not cluster_file(folder).is_file():
+        missing.insert(0, "cluster.json")
     if missing:
         raise InputError(f"{folder}: missing {', '.join(missing)} (a validation folder holds "
-                         "cluster.json, vllm/meta.json and vllm/requests.jsonl)")
+                         f"{holds})")
 
 
 def _blocks(per_instance: dict) -> str:

@@ -105,14 +105,39 @@ class ClusterConfig:
             lambda i: replace(i, npu_mem=replace(i.npu_mem, mem_util=float(util))))
 
 
+def _npu_memory(ins: dict, where: str) -> MemorySpec:
+    """An instance's NPU memory; a size or bandwidth the file leaves out is its hardware's
+    (the catalogue's), as LLMServingSim takes them from its hardware profile when a
+    cluster file gives only ``npu_mem.mem_util``."""
+    mem = dict(ins["npu_mem"])
+    missing = [k for k in ("mem_size_gib", "mem_bw_GBps") if mem[k] is None]
+    if missing:
+        from sim.hardware import known_hardware, load_hardware
+
+        field = "mem_size" if "mem_size_gib" in missing else "mem_bw"
+        try:
+            hw = load_hardware(ins["hardware"])
+        except InputError:
+            raise InputError(
+                f"{where}.npu_mem.{field}: not given, and hardware {ins['hardware']!r} is "
+                f"not in the catalogue to take it from; give npu_mem.{field} or one of: "
+                f"{', '.join(known_hardware())}") from None
+        if mem["mem_size_gib"] is None:
+            mem["mem_size_gib"] = hw.mem_size_GiB
+        if mem["mem_bw_GBps"] is None:
+            mem["mem_bw_GBps"] = hw.mem_bw_GBps
+    return MemorySpec(**mem)
+
+
 def _from_plain(plain: dict, source: str, raw: Any) -> ClusterConfig:
     """The ClusterConfig of :func:`sim.cluster_schema.normalize`'s plain data."""
     nodes, iid = [], 0
     for n_idx, nd in enumerate(plain["nodes"]):
         insts = []
-        for ins in nd["instances"]:
+        for i_idx, ins in enumerate(nd["instances"]):
+            mem = _npu_memory(ins, f"{source}: nodes[{n_idx}].instances[{i_idx}]")
             insts.append(InstanceConfig(instance_id=iid, node_id=n_idx,
-                                        **{**ins, "npu_mem": MemorySpec(**ins["npu_mem"])}))
+                                        **{**ins, "npu_mem": mem}))
             iid += 1
         cpu = MemorySpec(**nd["cpu_mem"]) if nd["cpu_mem"] is not None else None
         if nd["pim_config"]:  # checked at each load: the cached form cannot see the file

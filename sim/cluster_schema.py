@@ -99,7 +99,13 @@ class Memory(Section):
     mem_latency: num(minimum=0) = Field(0.0, description="ns")
 
 
-class NpuMem(Memory):
+class NpuMem(Section):
+    mem_size: num(minimum=0, exclusive=True, maximum=MAX_MEM_GIB) = Field(
+        None, description="GiB (default: the hardware catalogue's memory size, as "
+                          "LLMServingSim takes it from its hardware profile)")
+    mem_bw: num(minimum=0, exclusive=True) = Field(
+        None, description="GB/s (default: the hardware catalogue's memory bandwidth)")
+    mem_latency: num(minimum=0) = Field(0.0, description="ns")
     mem_util: Annotated[num(minimum=0, exclusive=True, maximum=1),
                         VllmArg("--gpu-memory-utilization")] = Field(
         DEFAULT_MEM_UTIL, description="vLLM's gpu_memory_utilization (llmsim run's "
@@ -181,7 +187,8 @@ def _option_field(name: str, kind: str, default: Any, opt) -> tuple[Any, Any]:
 class _InstanceFields(Section):
     model_name: text(required=True) = Field(description="model: a profiles/models name or HF id (required)")
     hardware: text(required=True) = Field(description="hardware catalogue name (required)")
-    npu_mem: NpuMem = Field(description="each NPU's memory (required)")
+    npu_mem: NpuMem = Field(default_factory=NpuMem,
+                            description="each NPU's memory (default: every field's default)")
     num_npus: num(integer=True, minimum=1) = Field(
         None, description="must equal tp_size * pp_size (default: that)")
     tp_size: Annotated[num(integer=True, minimum=1), VllmArg("--tensor-parallel-size")] = Field(

@@ -683,6 +683,8 @@ def _validation_case(tmp_path, name, mutate):
 VALIDATE_CASES = [
     ("no-such-folder", lambda f: shutil.rmtree(f), ["no such folder"]),
     ("meta-missing", lambda f: (f / "vllm" / "meta.json").unlink(), ["missing vllm/meta.json"]),
+    ("no-cluster-file", lambda f: (f / "cluster.json").unlink(),
+     ["missing cluster.json", "cluster.json (or config.json)"]),
     ("meta-malformed", lambda f: (f / "vllm" / "meta.json").write_text("{bad"),
      ["meta.json", "malformed JSON"]),
     ("meta-a-list", lambda f: (f / "vllm" / "meta.json").write_text("[1]"),
@@ -700,6 +702,32 @@ def test_validate_vllm_refuses(tmp_path, mutate, needles, capsys, monkeypatch):
     monkeypatch.setattr(sim, "simulate", _no_simulation)
     folder = _validation_case(tmp_path, "case", mutate)
     assert_one_line(capsys, validate_main([str(folder)]), "validate_vllm", needles)
+
+
+def test_validate_vllm_reads_llmservingsims_config_json(tmp_path, monkeypatch):
+    """LLMServingSim's bench/examples folders name the cluster file config.json and give
+    npu_mem.mem_util alone: validate_vllm replays such a folder as it replays the same
+    case with cluster.json (it refused it: 'missing cluster.json')."""
+    from experiments import validate_vllm
+
+    seen = []
+    monkeypatch.setattr(sim, "simulate", lambda cluster, wl, opts: seen.append(
+        (cluster.instances[0].npu_mem, opts)) or "result")
+
+    def to_config_json(f):
+        raw = json.loads((f / "cluster.json").read_text())
+        for ins in raw["nodes"][0]["instances"]:
+            ins["npu_mem"] = {"mem_util": ins["npu_mem"]["mem_util"]}
+        (f / "config.json").write_text(json.dumps(raw))
+        (f / "cluster.json").unlink()
+
+    for name, mutate in (("as_shared", lambda f: None), ("as_bench_examples", to_config_json)):
+        folder = _validation_case(tmp_path, name, mutate)
+        validate_vllm.check_folder(folder)
+        assert validate_vllm.run_validation(folder)[0] == "result"
+    (mem_a, opts_a), (mem_b, opts_b) = seen
+    assert opts_a == opts_b
+    assert (mem_a.mem_size_gib, mem_a.mem_util) == (mem_b.mem_size_gib, mem_b.mem_util)
 
 
 def test_validate_vllm_unknown_provider(capsys):

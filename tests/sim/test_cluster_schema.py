@@ -186,8 +186,11 @@ CASES = [
     ("no-model", _del(*I, "model_name"), "nodes[0].instances[0].model_name", "required"),
     ("null-model", _set(*I, "model_name", value=None), "nodes[0].instances[0].model_name",
      "required"),
-    ("no-mem-bw", _del(*I, "npu_mem", "mem_bw"), "nodes[0].instances[0].npu_mem.mem_bw",
-     "required"),
+    ("no-mem-size-unknown-hw",
+     lambda c: (_del(*I, "npu_mem", "mem_size")(c), _set(*I, "hardware", value="TPU-v9")(c)),
+     "nodes[0].instances[0].npu_mem.mem_size",
+     "not given, and hardware 'TPU-v9' is not in the catalogue to take it from; give "
+     "npu_mem.mem_size or one of: A100-80G-SXM"),
     ("no-power-section", _with_power("dram", drop=True), "nodes[0].power.dram", "required"),
     ("num-nodes", _set("num_nodes", value=2), "", "num_nodes=2 but 1 node(s) are listed"),
     ("num-instances", _set("nodes", 0, "num_instances", value=3), "nodes[0]",
@@ -289,3 +292,51 @@ def test_parse_cluster_always_validates(tmp_path, monkeypatch):
     bad["nodes"][0]["instances"][0]["npu_mem"]["mem_util"] = 2
     with pytest.raises(sim.InputError, match=r"npu_mem\.mem_util: must be <= 1"):
         sim.parse_cluster(bad)
+
+
+def _only_mem_util(hardware: str, tp: int = 1) -> dict:
+    """An instance block as LLMServingSim's bench/examples clusters give it: npu_mem holds
+    only mem_util (its size and bandwidth come from the hardware profile)."""
+    return {"num_nodes": 1, "nodes": [{"num_instances": 1,
+            "cpu_mem": {"mem_size": 512, "mem_bw": 256, "mem_latency": 0},
+            "instances": [{"model_name": "meta-llama/Llama-3.1-8B", "hardware": hardware,
+                           "npu_mem": {"mem_util": 0.9}, "num_npus": tp, "tp_size": tp,
+                           "pd_type": None}]}]}
+
+
+def test_npu_memory_left_out_is_the_hardware_catalogues():
+    """A cluster file that gives npu_mem.mem_util alone (LLMServingSim's current example
+    configs) takes the device's memory size and bandwidth from the hardware catalogue; it
+    was refused as 'npu_mem.mem_size: required'."""
+    from sim.hardware import load_hardware
+
+    for hw_name in ("RTXPRO6000", "RTX4090", "H100-SXM"):
+        hw = load_hardware(hw_name)
+        mem = sim.parse_cluster(_only_mem_util(hw_name)).instances[0].npu_mem
+        assert (mem.mem_size_gib, mem.mem_bw_GBps, mem.mem_latency_ns, mem.mem_util) == \
+            (hw.mem_size_GiB, hw.mem_bw_GBps, 0.0, 0.9)
+    # without any npu_mem block: every field's default
+    c = _only_mem_util("RTXPRO6000")
+    del c["nodes"][0]["instances"][0]["npu_mem"]
+    mem = sim.parse_cluster(c).instances[0].npu_mem
+    assert (mem.mem_size_gib, mem.mem_util) == (96, 0.9)
+    # a value the file gives still wins
+    c = _only_mem_util("RTXPRO6000")
+    c["nodes"][0]["instances"][0]["npu_mem"]["mem_bw"] = 1000
+    assert sim.parse_cluster(c).instances[0].npu_mem.mem_bw_GBps == 1000
+
+
+def test_the_4090_run_derives_the_same_kv_blocks_from_the_catalogues_memory():
+    """The shared RTX 4090 validation cluster with its npu_mem reduced to mem_util: the
+    same KV block count as with the file's size and bandwidth (24 GiB, 1,008 GB/s are the
+    catalogue's)."""
+    from sim.capacity import kv_capacity
+
+    raw = json.loads((SHARED / "validation/RTX4090-Llama-3.1-8B/cluster.json").read_text())
+    full = sim.parse_cluster(raw).with_mem_util(0.9)
+    for ins in raw["nodes"][0]["instances"]:
+        ins["npu_mem"] = {"mem_util": 0.9}
+    reduced = sim.parse_cluster(raw)
+    opts = sim.SimOptions(max_num_seqs=256, max_num_batched_tokens=2048)
+    blocks = [c.budget.num_blocks for c in kv_capacity(reduced, opts)]
+    assert blocks == [c.budget.num_blocks for c in kv_capacity(full, opts)] and blocks[0] > 0
