@@ -13,16 +13,20 @@ the catalogue's link, vLLM's one-stage custom all-reduce below its limit for two
 else a ring) next to vLLM's, for the hidden sizes of a Llama-3.1-70B step (8,192 bf16
 values a token).
 
-What it shows (2026-11-26): the one-stage custom all-reduce (TP 2) carries the kernel's
-measured fixed cost (the catalogue's ``custom_allreduce_min_us``), so a one-token TP2
-all-reduce on an H100 is 4.3 us against vLLM's 4.4 (0.7 before); it still runs at the
-link's full per-direction bandwidth where vLLM's reaches less (H100 TP2 0.67-0.80 of
-vLLM's time at 64-256 tokens, 0.56-0.77 above). TP 4/8 run a ring, whose hop latencies
-stand in for the fixed cost: H100 TP4 0.62-0.88, TP8 0.91-1.65 (14 hops at one token);
-vLLM runs its custom all-reduce (one or two rounds) or symmetric memory there. The RTX PRO
-6000 runs on the link NCCL measured between two of the cards (``measured_link_*``): 0.35-
-0.51 of vLLM's time on NVIDIA's 8-card node, whose one-shot custom all-reduce over PCIe is
-about twice NCCL's all-reduce there; on the physical PCIe 5 link it was 0.06-0.26.
+What it shows (2026-11-26, after the custom all-reduce took the measured kernel's time):
+below the custom kernel's limit a TP2 all-reduce on a catalogue link is the kernel's
+measured line (``--fit`` prints the catalogue's custom_allreduce_* fields from this data):
+H100 0.97-1.01 of vLLM's time up to 256 tokens of Llama-3.1-70B (0.56-0.77 before, at the
+link's full bandwidth), B200 0.91-1.00, RTX PRO 6000 0.99-1.13 (0.35-0.51 before, on the
+link NCCL measured between two of the cards: the kernel polls its peer's flags and reads its
+buffer across PCIe, about 20 us and 15 GB/s). Above the limit vLLM runs NCCL (or symmetric
+memory) and the simulator a ring on the link: RTX PRO 6000 0.51, on the link NCCL measured
+between two cards on LLMServingSim's host (28.73 GiB/s); vLLM's NCCL path on NVIDIA's node
+keeps the custom kernel's 15 GB/s (the same node's raw NCCL all-reduce reaches about twice
+that: aiconfigurator's nccl_perf data), so which host a run was on decides that part. TP
+4/8 run a ring, whose hop latencies stand in for the fixed cost: H100 TP4 0.64-0.84, TP8
+0.94-1.64 (14 hops at one token); vLLM runs its custom all-reduce (one or two rounds) or
+symmetric memory there.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from astrasim import GraphBuilder  # noqa: E402
 
 import sim  # noqa: E402
 from sim.backend import (AstraInprocBackend, custom_all_reduce_below,  # noqa: E402
-                         custom_all_reduce_fixed_ns)
+                         custom_all_reduce_kernel)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
 from sim.hardware import load_hardware  # noqa: E402
@@ -103,18 +107,42 @@ def simulated_us(backend, hardware: str, tp: int, nbytes: int) -> float:
     inst = _instance(hardware, tp)
     involved = [True] + [False] * (len(inst.network.dims) - 1)
     one_shot = custom_all_reduce_below(inst)
-    fixed = custom_all_reduce_fixed_ns(inst)
+    kernel = custom_all_reduce_kernel(inst)
     graphs = {}
     for rank in range(tp):
         b = GraphBuilder(rank)
-        tp_all_reduce(b, nbytes, involved, one_shot, "tp_all_reduce", fixed)
+        tp_all_reduce(b, nbytes, involved, one_shot, "tp_all_reduce", kernel)
         graphs[rank] = b.build()
     return backend.run_graphs(inst.network, graphs, name="tp_all_reduce") / 1e3
+
+
+#: the smallest message of the fit: below it the measured curve is the kernel's fixed cost
+FIT_FROM_BYTES = 256 << 10
+
+
+def fit_custom_all_reduce(hardware: str, graph) -> tuple[float, float, float]:
+    """(smallest time us, intercept us, bandwidth GB/s) of vLLM's one-stage custom
+    all-reduce between two ``hardware`` cards in a CUDA graph (``graph``: vLLM's measured
+    curve, sizes in bf16 elements, ms): the intercept and bandwidth of the straight line
+    fitted, by relative error, to the messages from FIT_FROM_BYTES up to the largest the
+    custom kernel takes on the card (``custom_all_reduce_below`` of a TP2 instance); the
+    catalogue's custom_allreduce_min_us / _latency_us / _bw_GBps."""
+    import numpy as np
+
+    limit = custom_all_reduce_below(_instance(hardware, 2))
+    sizes = np.asarray(graph[0], dtype=float) * 2
+    us = np.asarray(graph[1], dtype=float) * 1e3
+    used = (sizes >= FIT_FROM_BYTES) & (sizes < limit)
+    slope, intercept = np.polyfit(sizes[used], us[used], 1, w=1 / us[used])
+    return float(us.min()), float(intercept), float(1e-3 / slope)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", nargs="+", default=list(HARDWARE))
+    ap.add_argument("--fit", action="store_true",
+                    help="print only the catalogue's custom all-reduce fields fitted to "
+                         "vLLM's measured curve (fit_custom_all_reduce)")
     a = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     backend = AstraInprocBackend()
@@ -123,6 +151,11 @@ def main(argv=None) -> int:
         if table is None:
             print(f"{hardware}: no vLLM 0.19.0 all-reduce data (aiconfigurator-core absent "
                   "or without this card)\n")
+            continue
+        if a.fit:
+            low, intercept, bw = fit_custom_all_reduce(hardware, table[("vLLM_custom_graph", 2)])
+            print(f"{hardware}: custom_allreduce_min_us: {low:.3f}, custom_allreduce_latency_us: "
+                  f"{intercept:.2f}, custom_allreduce_bw_GBps: {bw:.1f}")
             continue
         link = _instance(hardware, 2).network.dims[0].link
         print(f"{hardware} (link as simulated: {link.kind}, {link.topology}, "

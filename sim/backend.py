@@ -33,6 +33,7 @@ import re
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
@@ -111,27 +112,40 @@ def custom_all_reduce_below(inst) -> int:
     return limit
 
 
-def custom_all_reduce_fixed_ns(inst) -> int:
-    """The fixed cost of vLLM's one-stage custom all-reduce on ``inst`` that its network
-    does not carry: the card's measured smallest custom all-reduce
-    (``custom_allreduce_min_us``: the kernel's launch in the CUDA graph and its cross-GPU
-    flag barrier) less what the network charges that message (its hops' latency and 256
-    bytes on the link). 0 where the card has no such measurement, or where the link's
-    latency is a cluster file's or a measured one (per message, end to end: it holds the
-    fixed cost already)."""
+@dataclass(frozen=True)
+class CustomAllReduceKernel:
+    """vLLM's one-stage custom all-reduce between two cards as measured inside a CUDA graph
+    (the catalogue's ``custom_allreduce_*``): the kernel reads its peer's buffer itself, so
+    its time, not a transfer on the link, is what a step waits for."""
+
+    min_ns: float
+    latency_ns: float
+    bytes_per_ns: float
+
+    def ns(self, size_bytes: int) -> int:
+        """The kernel's time for ``size_bytes``: its smallest, or the line its measured time
+        follows above that."""
+        return int(max(self.min_ns, self.latency_ns + size_bytes / self.bytes_per_ns))
+
+
+def custom_all_reduce_kernel(inst) -> CustomAllReduceKernel | None:
+    """The measured one-stage custom all-reduce of ``inst``'s cards, where its link is the
+    catalogue's (a cluster file's link values describe the link as LLMServingSim gives it
+    to ASTRA-Sim: the all-reduce runs on them); None where the card has no such
+    measurement (the all-reduce is then an all-gather on the link)."""
     from sim.hardware import load_hardware
-    from sim.topology import FILE_TOPOLOGY
+    from sim.topology import physical_intra_node_link
 
     try:
         hw = load_hardware(inst.config.hardware)
     except InputError:
-        return 0
-    link = inst.network.dims[0].link
-    if hw.custom_allreduce_min_us is None or link.topology == FILE_TOPOLOGY:
-        return 0
-    hops = 2 if link.topology == "Switch" else 1
-    charged = hops * link.latency_ns + 256 / link.bytes_per_ns
-    return max(0, int(hw.custom_allreduce_min_us * 1e3 - charged))
+        return None
+    if hw.custom_allreduce_min_us is None \
+            or inst.network.dims[0].link != physical_intra_node_link(hw):
+        return None
+    return CustomAllReduceKernel(hw.custom_allreduce_min_us * 1e3,
+                                 hw.custom_allreduce_latency_us * 1e3,
+                                 hw.custom_allreduce_bw_GBps)
 
 
 #: entries a backend's reuse cache holds before it starts over (a few MB)
@@ -140,7 +154,8 @@ REUSE_CACHE_MAX = 1 << 17
 
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
                             cache: dict | None = None, logits_bytes: int = 0,
-                            one_shot_below: int = 0, one_shot_fixed_ns: int = 0) -> int:
+                            one_shot_below: int = 0,
+                            one_shot_kernel: CustomAllReduceKernel | None = None) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 
@@ -156,8 +171,8 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     all-reduces of the activations, the KV load, the stage hop, and the TP collectives of
     the ends (the embedding's all-reduce, the logits' all-gather of ``logits_bytes`` per
     rank). All-reduces below ``one_shot_below`` bytes run as vLLM's custom all-reduce
-    (:func:`custom_all_reduce_below`; its fixed cost ``one_shot_fixed_ns``,
-    :func:`custom_all_reduce_fixed_ns`). Each such part is a
+    (:func:`custom_all_reduce_below`; the measured kernel ``one_shot_kernel``,
+    :func:`custom_all_reduce_kernel`). Each such part is a
     function of one size (the activation bytes, the KV-load bytes), ``cache`` (key ->
     cycles) remembers it across iterations, and a part with no communication (a TP=1
     block, nothing to load) takes no system simulation at all.
@@ -171,7 +186,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         if name in TP_ALLREDUCE_AFTER:
             collectives += 1
     # the parts with communication, by key (None: nothing to simulate)
-    one_shot = one_shot_fixed_ns if act < one_shot_below else -1
+    one_shot = one_shot_kernel if act < one_shot_below else False
     block_key = ("block", act, collectives, one_shot) if inst.tp > 1 and collectives else None
     ends_key = ("ends", load_bytes) if load_bytes else None
     # the TP collectives of the ends: the embedding's all-reduce, the logits' all-gather
@@ -190,7 +205,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
             reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
             return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims,
                                 ends=False, one_shot_below=one_shot_below,
-                                one_shot_fixed_ns=one_shot_fixed_ns)
+                                one_shot_kernel=one_shot_kernel)
 
         def ends():
             return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
@@ -201,7 +216,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
 
         builders = {"block": block, "ends": ends, "hop": hop,
                     "embed": lambda: tp_collective_graphs(inst.tp, "all_reduce", act, ndims,
-                                                          one_shot_below, one_shot_fixed_ns),
+                                                          one_shot_below, one_shot_kernel),
                     "gather": lambda: tp_collective_graphs(inst.tp, "all_gather",
                                                            logits_bytes, ndims)}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
@@ -241,7 +256,7 @@ class _GraphBackend(ABC):
         # id(inst.network) -> (network, memory, key, cache); holding the network keeps
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
-        # id(inst) -> (inst, custom_all_reduce_below(inst), custom_all_reduce_fixed_ns(inst))
+        # id(inst) -> (inst, custom_all_reduce_below(inst), custom_all_reduce_kernel(inst))
         self._one_shot: dict[int, tuple] = {}
 
     @abstractmethod
@@ -289,7 +304,7 @@ class _GraphBackend(ABC):
             if len(self._one_shot) > 1024:
                 self._one_shot.clear()
             one_shot = self._one_shot[id(inst)] = (inst, custom_all_reduce_below(inst),
-                                                   custom_all_reduce_fixed_ns(inst))
+                                                   custom_all_reduce_kernel(inst))
         return decomposed_iteration_ns(
             lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,

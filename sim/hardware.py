@@ -84,10 +84,14 @@ class HardwareSpec:
     #: in place of the physical link above. None: not measured.
     measured_link_bw_GiBps: float | None = None
     measured_link_latency_ns: float | None = None
-    #: vLLM's one-stage custom all-reduce of 256 bytes between two of these cards inside a
-    #: CUDA graph, in us: the kernel's fixed cost, which the physical link's hops do not
-    #: carry (sim.backend.custom_all_reduce_fixed_ns). None: not measured.
+    #: vLLM's one-stage custom all-reduce between two of these cards inside a CUDA graph,
+    #: as measured (experiments/tp_allreduce_vs_vllm.py --fit): its smallest time (us), and
+    #: the straight line its time follows from 256 KiB up to the kernel's limit (intercept
+    #: us, bandwidth decimal GB/s): max(min, latency + bytes / bw) is the kernel's time
+    #: (sim.backend.CustomAllReduceKernel). None: not measured (all three or none).
     custom_allreduce_min_us: float | None = None
+    custom_allreduce_latency_us: float | None = None
+    custom_allreduce_bw_GBps: float | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -134,9 +138,11 @@ def _number(d: dict, key: str, source: str) -> float:
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
 #: finite and at most MAX_NUMBER (as in a cluster file)
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
-             "measured_mem_bw_GBps", "measured_link_bw_GiBps", "custom_allreduce_min_us")
+             "measured_mem_bw_GBps", "measured_link_bw_GiBps", "custom_allreduce_min_us",
+             "custom_allreduce_bw_GBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
-                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns")
+                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns",
+                 "custom_allreduce_latency_us")
 
 
 #: the dtype keys a measured GEMM rate may name
@@ -181,6 +187,12 @@ def _check_fields(d: dict, source: str) -> None:
     if len(given) == 1:
         raise InputError(f"field {given[0]!r} needs its pair (measured_link_bw_GiBps and "
                          "measured_link_latency_ns describe one measured link)", source=source)
+    trio = ("custom_allreduce_min_us", "custom_allreduce_latency_us", "custom_allreduce_bw_GBps")
+    given = [k for k in trio if d.get(k) is not None]
+    if 0 < len(given) < len(trio):
+        missing = [k for k in trio if k not in given]
+        raise InputError(f"field {given[0]!r} needs {' and '.join(map(repr, missing))} (the "
+                         "three describe one measured custom all-reduce curve)", source=source)
 
 
 def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
@@ -275,8 +287,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                                 else float(d["measured_link_bw_GiBps"])),
         measured_link_latency_ns=(None if d.get("measured_link_latency_ns") is None
                                   else float(d["measured_link_latency_ns"])),
-        custom_allreduce_min_us=(None if d.get("custom_allreduce_min_us") is None
-                                 else float(d["custom_allreduce_min_us"])),
+        **{k: None if d.get(k) is None else float(d[k]) for k in (
+            "custom_allreduce_min_us", "custom_allreduce_latency_us", "custom_allreduce_bw_GBps")},
         source=source,
     )
 

@@ -267,17 +267,17 @@ class MoEWave:
         key = (id(inst.network), inst.tp, inst.pp, tokens)
         t = self._tp_swap.get(key)
         if t is None:
-            from sim.backend import custom_all_reduce_below, custom_all_reduce_fixed_ns
+            from sim.backend import custom_all_reduce_below, custom_all_reduce_kernel
             from sim.graph_generator import tp_all_reduce
 
             row = inst.model.hidden_size * inst.model.dtype_bytes
             involved = [True] + [False] * (len(inst.network.dims) - 1)
             one_shot = custom_all_reduce_below(inst)  # the all-reduce as the step runs it
-            fixed = custom_all_reduce_fixed_ns(inst)
+            kernel = custom_all_reduce_kernel(inst)
             ar, ag = {}, {}
             for r in range(inst.tp):
                 b = GraphBuilder(r)
-                tp_all_reduce(b, tokens * row, involved, one_shot, "tp_all_reduce", fixed)
+                tp_all_reduce(b, tokens * row, involved, one_shot, "tp_all_reduce", kernel)
                 ar[r] = b.build()
                 b = GraphBuilder(r)
                 b.all_gather(-(-tokens // inst.tp) * row, involved_dim=involved,
