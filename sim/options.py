@@ -213,7 +213,9 @@ class SimOptions:
         False, "vLLM's --disable-custom-all-reduce: TP all-reduces always through NCCL (a "
         "ring). Otherwise, at tp 2 on GPUs with peer access, an all-reduce below vLLM's "
         "custom all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) "
-        "runs as its one-stage kernel: one transfer of the whole buffer from the peer",
+        "runs as its one-stage kernel: the card's measured kernel time (the catalogue's "
+        "custom_allreduce_*) on the catalogue's link, one transfer of the whole buffer from "
+        "the peer on a cluster file's link",
         scope=INSTANCE,
         vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True,
                      negatable=False))
