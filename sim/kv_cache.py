@@ -41,7 +41,7 @@ receives each evicted cached block: with one attached, every block enters at onc
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
+from itertools import chain, islice
 
 from sim.request import FINISHED, Request
 
@@ -403,30 +403,7 @@ class KVCacheManager:
             if need > self.num_free:
                 return False
         if need > 0:
-            fresh = free.end - free.next_fresh
-            if fresh:
-                # never-used blocks first: nothing cached in them to evict
-                take = need if need < fresh else fresh
-                lo = free.next_fresh
-                free.next_fresh = lo + take
-                ref[lo:lo + take] = [1] * take
-                req.block_ids.extend(range(lo, lo + take))
-                need -= take
-            popitem = free.recycled.popitem
-            append = req.block_ids.append
-            if self.first:
-                block_hash = self.block_hash
-                for _ in range(need):
-                    bid = popitem(False)[0]  # the least recently freed
-                    if block_hash[bid] is not None:
-                        self._evict(bid)
-                    ref[bid] = 1
-                    append(bid)
-            else:  # (an empty table: no block holds a hash)
-                for _ in range(need):
-                    bid = popitem(False)[0]
-                    ref[bid] = 1
-                    append(bid)
+            req.block_ids += self.take_blocks(need)
         if self.enable_prefix_caching:
             n = computed + num_new
             known = req.input_len + req.num_output
@@ -435,6 +412,34 @@ class KVCacheManager:
             if n // bs > (req.cached_hashes or 0):
                 self.cache_blocks(req, n)
         return True
+
+    def take_blocks(self, count: int) -> list[int]:
+        """The free queue's next ``count`` blocks (there must be as many), taken and held
+        once: never-used ones first, then the least recently freed, their cached contents
+        evicted."""
+        free, ref = self.free, self.ref
+        lo = free.next_fresh
+        fresh = free.end - lo
+        if fresh >= count:
+            free.next_fresh = lo + count
+            ref[lo:lo + count] = [1] * count
+            return list(range(lo, lo + count))
+        free.next_fresh = free.end
+        ref[lo:free.end] = [1] * fresh
+        recycled = free.recycled
+        taken = list(islice(recycled, count - fresh))
+        if self.first:
+            block_hash = self.block_hash
+            for bid in taken:
+                del recycled[bid]
+                ref[bid] = 1
+                if block_hash[bid] is not None:
+                    self._evict(bid)
+        else:  # (an empty table: no block holds a hash)
+            for bid in taken:
+                del recycled[bid]
+                ref[bid] = 1
+        return list(range(lo, free.end)) + taken if fresh else taken
 
     def grow_one(self, req: Request) -> bool:
         """``allocate(req, 1)`` for a request without a prefix hit whose blocks hold its

@@ -755,28 +755,11 @@ def _replay_allocations(sch: Scheduler, keys: list[int], n: int,
 
 
 def _take_blocks(kv, count: int) -> list[int]:
-    """The free queue's next ``count`` blocks, taken (``KVCacheManager.grow_one``'s
-    allocation, ``count`` times): never-used ones first, cached ones evicted."""
-    free, ref = kv.free, kv.ref
-    lo = free.next_fresh
-    fresh = free.end - lo
-    if fresh >= count:
-        free.next_fresh = lo + count
-        ref[lo:lo + count] = [1] * count
-        return list(range(lo, lo + count))
-    free.next_fresh = free.end
-    ref[lo:free.end] = [1] * fresh
-    recycled = free.recycled
-    if len(recycled) < count - fresh:
+    """``KVCacheManager.take_blocks``, which the plan has counted against the free
+    blocks."""
+    if kv.num_free < count:
         raise RuntimeError("event leap: a planned block allocation failed")
-    popitem = recycled.popitem
-    taken = [popitem(False)[0] for _ in range(count - fresh)]
-    block_hash = kv.block_hash
-    for bid in taken:
-        ref[bid] = 1
-        if block_hash[bid] is not None:
-            kv._evict(bid)
-    return list(range(lo, free.end)) + taken if fresh else taken
+    return kv.take_blocks(count)
 
 
 def _count_private(sch: Scheduler, plan: LeapPlan, deferred: list[int], steps: int,
