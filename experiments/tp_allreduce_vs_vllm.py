@@ -6,27 +6,26 @@ aiconfigurator-core (the ``aic`` extra) ships vLLM 0.19.0's all-reduce
 (``tensor_model_parallel_all_reduce``: custom all-reduce, symmetric memory or NCCL, as
 vLLM picks them; bf16) timed on H100 SXM, H200 SXM, B200 and RTX PRO 6000 Server nodes for
 2, 4 and 8 GPUs, inside a CUDA graph and eagerly (``comm/vllm/0.19.0/
-custom_allreduce_perf.parquet``; message sizes in elements). For each card in the catalogue
-with such data, this prints the all-reduce one step of an instance runs in the simulator
-(``sim.graph_generator.tp_all_reduce`` on the instance network ``llmsim run`` builds from
-the catalogue's link, vLLM's one-stage custom all-reduce below its limit for two GPUs,
-else a ring) next to vLLM's, for the hidden sizes of a Llama-3.1-70B step (8,192 bf16
-values a token).
+custom_allreduce_perf.parquet``; message sizes in elements). ``--catalogue`` prints, per
+card, the hardware catalogue's ``vllm_all_reduce_us`` field from it (the graph curves, in
+bytes). Otherwise, for each card with such data, this prints a TP all-reduce as the
+simulator runs it on the catalogue's link (``sim.graph_generator.tp_all_reduce`` on the
+instance network ``llmsim run`` builds: vLLM's measured curve, interpolated on log-log
+axes), as the link alone carries it (what a cluster file's link gets: vLLM's one-stage
+custom all-reduce below its limit at TP 2, else a ring), and vLLM's measured times, for
+the hidden sizes of a Qwen3-32B step (5,120 bf16 values a token: between the measured
+sizes).
 
-What it shows (2026-11-26, after the custom all-reduce took the measured kernel's time):
-below the custom kernel's limit a TP2 all-reduce on a catalogue link is the kernel's
-measured line (``--fit`` prints the catalogue's custom_allreduce_* fields from this data):
-H100 0.97-1.01 of vLLM's time up to 256 tokens of Llama-3.1-70B (0.56-0.77 before, at the
-link's full bandwidth), B200 0.91-1.00, RTX PRO 6000 0.99-1.13 (0.35-0.51 before, on the
-link NCCL measured between two of the cards: the kernel polls its peer's flags and reads its
-buffer across PCIe, about 20 us and 15 GB/s). Above the limit vLLM runs NCCL (or symmetric
-memory) and the simulator a ring on the link: RTX PRO 6000 0.51, on the link NCCL measured
-between two cards on LLMServingSim's host (28.73 GiB/s); vLLM's NCCL path on NVIDIA's node
-keeps the custom kernel's 15 GB/s (the same node's raw NCCL all-reduce reaches about twice
-that: aiconfigurator's nccl_perf data), so which host a run was on decides that part. TP
-4/8 run a ring, whose hop latencies stand in for the fixed cost: H100 TP4 0.64-0.84, TP8
-0.94-1.64 (14 hops at one token); vLLM runs its custom all-reduce (one or two rounds) or
-symmetric memory there.
+What it shows (2026-11-26): the simulated all-reduce is vLLM's graph time (1.00: the
+curve itself, interpolated as this script does); the link alone gave H100 TP 2 0.14-0.74 of
+it, TP 4 0.54-0.85, TP 8 0.91-1.70 (a ring's 14 hops at one token); H200 alike; B200 0.09-
+1.07; RTX PRO 6000 TP 2 0.36-0.51 on the link NCCL measured between two of the cards
+(vLLM's custom kernel polls its peer's flags and reads its buffer across PCIe: about 20 us
+from 2 KiB up and 15 GB/s; vLLM's NCCL path above 8 MiB keeps that rate on NVIDIA's node,
+where the same node's raw NCCL all-reduce reaches about twice it: aiconfigurator's
+nccl_perf data). The eager curve is printed beside: its 20 us floor is the host's launch
+cost, which a busy eager step hides behind its queued kernels, so the simulator takes the
+graph curve for every step.
 """
 
 from __future__ import annotations
@@ -44,12 +43,12 @@ from astrasim import GraphBuilder  # noqa: E402
 
 import sim  # noqa: E402
 from sim.backend import (AstraInprocBackend, custom_all_reduce_below,  # noqa: E402
-                         custom_all_reduce_kernel)
+                         measured_all_reduce)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
 from sim.hardware import load_hardware  # noqa: E402
 
-HIDDEN = 8192            # Llama-3.1-70B
+HIDDEN = 5120            # Qwen3-32B: its sizes fall between the measured ones
 TOKENS = (1, 8, 64, 256, 1024, 2048, 8192)
 HARDWARE = ("H100-SXM", "H200-SXM", "B200", "RTXPRO6000")
 
@@ -103,46 +102,40 @@ def _instance(hardware: str, tp: int):
     return build_instances(cluster, sim.SimOptions(latency_provider="roofline"))[0]
 
 
-def simulated_us(backend, hardware: str, tp: int, nbytes: int) -> float:
+def simulated_us(backend, hardware: str, tp: int, nbytes: int, on_link: bool = False) -> float:
+    """One TP all-reduce of ``nbytes`` as a step of a TP ``tp`` instance runs it; with
+    ``on_link``, as the catalogue's link alone would carry it (a one-stage all-gather below
+    vLLM's custom all-reduce limit at TP 2, else a ring: what a cluster file's link gets)."""
     inst = _instance(hardware, tp)
     involved = [True] + [False] * (len(inst.network.dims) - 1)
-    one_shot = custom_all_reduce_below(inst)
-    kernel = custom_all_reduce_kernel(inst)
+    curve = None if on_link else measured_all_reduce(inst)
     graphs = {}
     for rank in range(tp):
         b = GraphBuilder(rank)
-        tp_all_reduce(b, nbytes, involved, one_shot, "tp_all_reduce", kernel)
+        tp_all_reduce(b, nbytes, involved, custom_all_reduce_below(inst), "tp_all_reduce",
+                      curve)
         graphs[rank] = b.build()
     return backend.run_graphs(inst.network, graphs, name="tp_all_reduce") / 1e3
 
 
-#: the smallest message of the fit: below it the measured curve is the kernel's fixed cost
-FIT_FROM_BYTES = 256 << 10
-
-
-def fit_custom_all_reduce(hardware: str, graph) -> tuple[float, float, float]:
-    """(smallest time us, intercept us, bandwidth GB/s) of vLLM's one-stage custom
-    all-reduce between two ``hardware`` cards in a CUDA graph (``graph``: vLLM's measured
-    curve, sizes in bf16 elements, ms): the intercept and bandwidth of the straight line
-    fitted, by relative error, to the messages from FIT_FROM_BYTES up to the largest the
-    custom kernel takes on the card (``custom_all_reduce_below`` of a TP2 instance); the
-    catalogue's custom_allreduce_min_us / _latency_us / _bw_GBps."""
-    import numpy as np
-
-    limit = custom_all_reduce_below(_instance(hardware, 2))
-    sizes = np.asarray(graph[0], dtype=float) * 2
-    us = np.asarray(graph[1], dtype=float) * 1e3
-    used = (sizes >= FIT_FROM_BYTES) & (sizes < limit)
-    slope, intercept = np.polyfit(sizes[used], us[used], 1, w=1 / us[used])
-    return float(us.min()), float(intercept), float(1e-3 / slope)
+def catalogue_block(table) -> str:
+    """The catalogue's ``vllm_all_reduce_us`` field (YAML) from vLLM's measured curves inside
+    a CUDA graph: bytes (bf16 elements x 2) and us (3 decimals), by TP degree."""
+    lines = ["vllm_all_reduce_us:"]
+    for tp in sorted(tp for kind, tp in table if kind == "vLLM_custom_graph"):
+        sizes, ms = table[("vLLM_custom_graph", tp)]
+        pairs = [f"[{2 * e}, {round(t * 1e3, 3):g}]" for e, t in zip(sizes, ms)]
+        rows = [", ".join(pairs[i:i + 5]) for i in range(0, len(pairs), 5)]
+        lines.append(f"  {tp}: [" + ",\n      ".join(rows) + "]")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", nargs="+", default=list(HARDWARE))
-    ap.add_argument("--fit", action="store_true",
-                    help="print only the catalogue's custom all-reduce fields fitted to "
-                         "vLLM's measured curve (fit_custom_all_reduce)")
+    ap.add_argument("--catalogue", action="store_true",
+                    help="print only each card's vllm_all_reduce_us field for the hardware "
+                         "catalogue (catalogue_block)")
     a = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     backend = AstraInprocBackend()
@@ -152,18 +145,17 @@ def main(argv=None) -> int:
             print(f"{hardware}: no vLLM 0.19.0 all-reduce data (aiconfigurator-core absent "
                   "or without this card)\n")
             continue
-        if a.fit:
-            low, intercept, bw = fit_custom_all_reduce(hardware, table[("vLLM_custom_graph", 2)])
-            print(f"{hardware}: custom_allreduce_min_us: {low:.3f}, custom_allreduce_latency_us: "
-                  f"{intercept:.2f}, custom_allreduce_bw_GBps: {bw:.1f}")
+        if a.catalogue:
+            print(f"# {hardware}\n{catalogue_block(table)}\n")
             continue
         link = _instance(hardware, 2).network.dims[0].link
-        print(f"{hardware} (link as simulated: {link.kind}, {link.topology}, "
-              f"{link.bw_GBps:g} {link.unit} per direction, {link.latency_ns:g} ns per hop): "
-              f"all-reduce us, bf16, {HIDDEN} values a token")
+        print(f"{hardware} (link: {link.kind}, {link.topology}, {link.bw_GBps:g} {link.unit} "
+              f"per direction, {link.latency_ns:g} ns per hop): all-reduce us, bf16, "
+              f"{HIDDEN} values a token")
         print()
-        print("| GPUs | tokens | bytes | simulated | vLLM graph | vLLM eager | sim / graph |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("| GPUs | tokens | bytes | on the link | simulated | vLLM graph | vLLM eager | "
+              "link / graph | sim / graph |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for tp in (2, 4, 8):
             graph = table.get(("vLLM_custom_graph", tp))
             eager = table.get(("vLLM_custom_eager", tp))
@@ -171,11 +163,12 @@ def main(argv=None) -> int:
                 continue
             for tokens in TOKENS:
                 elements = tokens * HIDDEN
+                link_us = simulated_us(backend, hardware, tp, 2 * elements, on_link=True)
                 s = simulated_us(backend, hardware, tp, 2 * elements)
                 g = at(graph, elements)
                 e = at(eager, elements) if eager else float("nan")
-                print(f"| {tp} | {tokens:,} | {2 * elements:,} | {s:,.1f} | {g:,.1f} | "
-                      f"{e:,.1f} | {s / g:.2f} |")
+                print(f"| {tp} | {tokens:,} | {2 * elements:,} | {link_us:,.1f} | {s:,.1f} | "
+                      f"{g:,.1f} | {e:,.1f} | {link_us / g:.2f} | {s / g:.2f} |")
         print()
     return 0
 

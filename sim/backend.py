@@ -28,6 +28,8 @@ network.yml dict (ring collectives, direct all-to-all).
 from __future__ import annotations
 
 import json
+import math
+from itertools import accumulate
 import os
 import re
 import sys
@@ -112,40 +114,53 @@ def custom_all_reduce_below(inst) -> int:
     return limit
 
 
-@dataclass(frozen=True)
-class CustomAllReduceKernel:
-    """vLLM's one-stage custom all-reduce between two cards as measured inside a CUDA graph
-    (the catalogue's ``custom_allreduce_*``): the kernel reads its peer's buffer itself, so
-    its time, not a transfer on the link, is what a step waits for."""
+@dataclass(frozen=True, eq=False)
+class AllReduceCurve:
+    """vLLM's TP all-reduce time against its size, measured (``points``: (bytes, us),
+    bytes increasing); ``name`` identifies it (card, TP degree, mode) in cache keys."""
 
-    min_ns: float
-    latency_ns: float
-    bytes_per_ns: float
+    name: str
+    points: tuple[tuple[int, float], ...]
 
     def ns(self, size_bytes: int) -> int:
-        """The kernel's time for ``size_bytes``: its smallest, or the line its measured time
-        follows above that."""
-        return int(max(self.min_ns, self.latency_ns + size_bytes / self.bytes_per_ns))
+        """The time at ``size_bytes``: interpolated between the measured sizes on log-log
+        axes; the smallest size's time below them; above them, the last stretch's
+        bandwidth."""
+        pts = self.points
+        if size_bytes <= pts[0][0]:
+            return int(pts[0][1] * 1e3)
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if size_bytes <= b1:
+                f = math.log(size_bytes / b0) / math.log(b1 / b0)
+                return int(t0 * (t1 / t0) ** f * 1e3)
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]
+        return int((t1 + (size_bytes - b1) * (t1 - t0) / (b1 - b0)) * 1e3)
 
 
-def custom_all_reduce_kernel(inst) -> CustomAllReduceKernel | None:
-    """The measured one-stage custom all-reduce of ``inst``'s cards, where its link is the
-    catalogue's (a cluster file's link values describe the link as LLMServingSim gives it
-    to ASTRA-Sim: the all-reduce runs on them); None where the card has no such
-    measurement (the all-reduce is then an all-gather on the link)."""
+def measured_all_reduce(inst) -> AllReduceCurve | None:
+    """vLLM's measured all-reduce for ``inst`` (the catalogue's ``vllm_all_reduce_us`` at its
+    TP degree, inside a CUDA graph: the device's time; an eager step's host launch cost is
+    hidden behind the queued kernels of a busy step), where the TP group is on the
+    catalogue's link within one node. None where the card has no curve for the degree,
+    where a cluster file gives the link (the link as LLMServingSim gives it to ASTRA-Sim:
+    the all-reduce runs on it), or with --disable-custom-all-reduce (vLLM then always takes
+    NCCL, which the curve is not): the all-reduce then runs on the link."""
     from sim.hardware import load_hardware
     from sim.topology import physical_intra_node_link
 
+    if inst.tp < 2 or getattr(inst.opts, "disable_custom_all_reduce", False):
+        return None
     try:
         hw = load_hardware(inst.config.hardware)
     except InputError:
         return None
-    if hw.custom_allreduce_min_us is None \
-            or inst.network.dims[0].link != physical_intra_node_link(hw):
+    points = hw.vllm_all_reduce_us.get(inst.tp)
+    dim = inst.network.dims[0]
+    if points is None or dim.npus < inst.tp or dim.link != physical_intra_node_link(hw):
         return None
-    return CustomAllReduceKernel(hw.custom_allreduce_min_us * 1e3,
-                                 hw.custom_allreduce_latency_us * 1e3,
-                                 hw.custom_allreduce_bw_GBps)
+    # (the measurement's noise aside, a larger all-reduce never takes less time)
+    rising = tuple(zip((b for b, _ in points), accumulate((t for _, t in points), max)))
+    return AllReduceCurve(f"{hw.name}/tp{inst.tp}", rising)
 
 
 #: entries a backend's reuse cache holds before it starts over (a few MB)
@@ -155,7 +170,7 @@ REUSE_CACHE_MAX = 1 << 17
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
                             cache: dict | None = None, logits_bytes: int = 0,
                             one_shot_below: int = 0,
-                            one_shot_kernel: CustomAllReduceKernel | None = None) -> int:
+                            all_reduce_curve: AllReduceCurve | None = None) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 
@@ -170,9 +185,10 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
     the same for attention, the one layer that depends on the KV lengths): the block's TP
     all-reduces of the activations, the KV load, the stage hop, and the TP collectives of
     the ends (the embedding's all-reduce, the logits' all-gather of ``logits_bytes`` per
-    rank). All-reduces below ``one_shot_below`` bytes run as vLLM's custom all-reduce
-    (:func:`custom_all_reduce_below`; the measured kernel ``one_shot_kernel``,
-    :func:`custom_all_reduce_kernel`). Each such part is a
+    rank). The TP all-reduces take vLLM's measured time where ``all_reduce_curve`` gives it
+    (:func:`measured_all_reduce`), else those below ``one_shot_below`` bytes run as vLLM's
+    one-stage custom all-reduce on the link (:func:`custom_all_reduce_below`) and the rest
+    as a ring. Each such part is a
     function of one size (the activation bytes, the KV-load bytes), ``cache`` (key ->
     cycles) remembers it across iterations, and a part with no communication (a TP=1
     block, nothing to load) takes no system simulation at all.
@@ -186,11 +202,12 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
         if name in TP_ALLREDUCE_AFTER:
             collectives += 1
     # the parts with communication, by key (None: nothing to simulate)
-    one_shot = one_shot_kernel if act < one_shot_below else False
-    block_key = ("block", act, collectives, one_shot) if inst.tp > 1 and collectives else None
+    # how the all-reduce of this size runs: vLLM's measured curve, one-stage, or a ring
+    how = all_reduce_curve.name if all_reduce_curve is not None else act < one_shot_below
+    block_key = ("block", act, collectives, how) if inst.tp > 1 and collectives else None
     ends_key = ("ends", load_bytes) if load_bytes else None
     # the TP collectives of the ends: the embedding's all-reduce, the logits' all-gather
-    embed_key = ("embed", act, one_shot) if inst.tp > 1 else None
+    embed_key = ("embed", act, how) if inst.tp > 1 else None
     gather_key = ("gather", logits_bytes) if inst.tp > 1 and logits_bytes else None
     hop_key = ("hop", act) if inst.pp > 1 else None
     if cache is None:
@@ -205,7 +222,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
             reducing = tuple((name, 0) for name, _ in lt.block if name in TP_ALLREDUCE_AFTER)
             return build_graphs(LayerTimes((), reducing, (), 1), inst.tp, 1, act, ndims=ndims,
                                 ends=False, one_shot_below=one_shot_below,
-                                one_shot_kernel=one_shot_kernel)
+                                all_reduce_curve=all_reduce_curve)
 
         def ends():
             return build_graphs(LayerTimes((), (), (), 0), inst.tp, 1, act, load_bytes,
@@ -216,7 +233,7 @@ def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes
 
         builders = {"block": block, "ends": ends, "hop": hop,
                     "embed": lambda: tp_collective_graphs(inst.tp, "all_reduce", act, ndims,
-                                                          one_shot_below, one_shot_kernel),
+                                                          one_shot_below, all_reduce_curve),
                     "gather": lambda: tp_collective_graphs(inst.tp, "all_gather",
                                                            logits_bytes, ndims)}
         if len(cache) + len(misses) > REUSE_CACHE_MAX:
@@ -256,8 +273,8 @@ class _GraphBackend(ABC):
         # id(inst.network) -> (network, memory, key, cache); holding the network keeps
         # the id from being recycled while the entry lives
         self._inst_keys: dict[int, tuple] = {}
-        # id(inst) -> (inst, custom_all_reduce_below(inst), custom_all_reduce_kernel(inst))
-        self._one_shot: dict[int, tuple] = {}
+        # id(inst) -> (inst, custom_all_reduce_below(inst), measured_all_reduce(inst))
+        self._all_reduce: dict[int, tuple] = {}
 
     @abstractmethod
     def run_many(self, network, memory: dict, jobs: list,
@@ -299,16 +316,16 @@ class _GraphBackend(ABC):
 
     def _decomposed(self, inst, shape: BatchShape, load_bytes: int) -> int:
         network, memory, key, cache = self._context(inst)
-        one_shot = self._one_shot.get(id(inst))
-        if one_shot is None or one_shot[0] is not inst:
-            if len(self._one_shot) > 1024:
-                self._one_shot.clear()
-            one_shot = self._one_shot[id(inst)] = (inst, custom_all_reduce_below(inst),
-                                                   custom_all_reduce_kernel(inst))
+        ar = self._all_reduce.get(id(inst))
+        if ar is None or ar[0] is not inst:
+            if len(self._all_reduce) > 1024:
+                self._all_reduce.clear()
+            ar = self._all_reduce[id(inst)] = (inst, custom_all_reduce_below(inst),
+                                               measured_all_reduce(inst))
         return decomposed_iteration_ns(
             lambda jobs: self.run_many(network, memory, jobs, key),
             inst, inst.provider.layer_times(shape), _act_bytes(inst, shape), load_bytes,
-            cache, _logits_bytes(inst, shape), one_shot[1], one_shot[2])
+            cache, _logits_bytes(inst, shape), ar[1], ar[2])
 
     def reuse_entries(self) -> int:
         """Iteration parts remembered so far, over every network."""
@@ -322,7 +339,7 @@ class _GraphBackend(ABC):
     def close(self) -> None:
         self._reuse.clear()
         self._inst_keys.clear()
-        self._one_shot.clear()
+        self._all_reduce.clear()
 
 
 class AstraInprocBackend(_GraphBackend):

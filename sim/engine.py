@@ -31,7 +31,7 @@ from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_provi
 from sim.memory import MemoryBudget, effective_max_model_len, memory_budget
 from sim.metrics import GapRuns, RunResult, TimeSeries, stats_ms, summarize
 from sim.model import ModelSpec, load_model  # noqa: F401  (sim.engine.load_model, as before)
-from sim.moe_wave import MoEWave, cudagraph_size, default_max_cudagraph_capture_size
+from sim.moe_wave import MoEWave, cudagraph_size, max_capture_size
 from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
@@ -122,9 +122,7 @@ def cudagraph_padding(opts: SimOptions) -> list[int] | None:
     """vLLM 0.19's CUDA-graph padding table for ``opts`` (entry t: the capture size a t-token
     step runs as, up to max_cudagraph_capture_size, default min(2 x max_num_seqs, 512));
     None in eager mode (max_cudagraph_capture_size 0)."""
-    cap = opts.max_cudagraph_capture_size
-    if cap is None:
-        cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
+    cap = max_capture_size(opts)
     if cap <= 0:
         return None
     return [0] + [cudagraph_size(t, cap) for t in range(1, cap + 1)]

@@ -10,12 +10,13 @@ TP group, dimension 1 the pipeline). Each NPU's graph is:
 - later stages: a RECV of the previous stage's activations, then their blocks;
 - inside a block, consecutive compute layers merge into one COMP node, and a TP ALL_REDUCE
   of the activations (tokens * hidden * dtype bytes, dimension 0 only) follows every
-  row-parallel layer (o_proj, down_proj, moe) when tp > 1; one below ``one_shot_below``
-  bytes runs as vLLM's one-stage custom all-reduce of two ranks instead: each rank reads
-  the peer's whole buffer and adds it to its own: a COMP node of the kernel's measured time
-  where the card has that and the link is the catalogue's (``one_shot_kernel``,
-  :class:`sim.backend.CustomAllReduceKernel`), else one transfer of the buffer on the link,
-  an ALL_GATHER of that size per rank (the addition streams with the transfer);
+  row-parallel layer (o_proj, down_proj, moe) when tp > 1: a COMP node of vLLM's measured
+  all-reduce time where the card has that curve and the link is the catalogue's
+  (``all_reduce_curve``, :func:`sim.backend.measured_all_reduce`: vLLM's kernels read and
+  write across the link themselves); else, below ``one_shot_below`` bytes, vLLM's one-stage
+  custom all-reduce of two ranks: each rank reads the peer's whole buffer and adds it to
+  its own, one transfer of the buffer, an ALL_GATHER of that size per rank (the addition
+  streams with the transfer);
 - the last stage ends with the head (final norm, lm_head, sampler); with tp > 1 each rank's
   lm_head computes its vocabulary shard of the logits and a TP ALL_GATHER of the shards
   (``logits_bytes`` per rank) runs before the sampler, which every rank runs over the whole
@@ -73,14 +74,13 @@ def _head_split(head: tuple[tuple[str, int], ...]) -> tuple[int, int]:
 
 
 def tp_all_reduce(b: GraphBuilder, size_bytes: int, involved, one_shot_below: int = 0,
-                  name: str = "", one_shot_kernel=None) -> int:
-    """A TP all-reduce of ``size_bytes``: below ``one_shot_below`` bytes vLLM's one-stage
-    custom all-reduce (see the module docstring): the measured kernel's time
-    (``one_shot_kernel``, a :class:`sim.backend.CustomAllReduceKernel`), else an all-gather
-    of the buffer on the link; else a ring."""
+                  name: str = "", all_reduce_curve=None) -> int:
+    """A TP all-reduce of ``size_bytes`` (see the module docstring): vLLM's measured time
+    (``all_reduce_curve``, a :class:`sim.backend.AllReduceCurve`); else below
+    ``one_shot_below`` bytes an all-gather of the buffer on the link; else a ring."""
+    if all_reduce_curve is not None:
+        return b.comp(all_reduce_curve.ns(size_bytes), name=name or "vllm_all_reduce")
     if size_bytes < one_shot_below:
-        if one_shot_kernel is not None:
-            return b.comp(one_shot_kernel.ns(size_bytes), name=name or "custom_all_reduce")
         return b.all_gather(size_bytes, involved_dim=involved, name=name or "custom_all_reduce")
     return b.all_reduce(size_bytes, involved_dim=involved, name=name)
 
@@ -88,7 +88,7 @@ def tp_all_reduce(b: GraphBuilder, size_bytes: int, involved, one_shot_below: in
 def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                  load_bytes: int = 0, ndims: int | None = None, logits_bytes: int = 0,
                  ends: bool = True, one_shot_below: int = 0,
-                 one_shot_kernel=None) -> dict[int, Graph]:
+                 all_reduce_curve=None) -> dict[int, Graph]:
     """Graphs of every NPU; ``ndims`` is the network's dimension count (default: 2 when
     pp > 1), so a single stage's graph can run on a pipelined instance's network.
     ``logits_bytes`` is one rank's logits shard (:func:`logits_shard_bytes`); ``ends``
@@ -119,7 +119,7 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                         b.comp(acc)
                         acc = 0
                     tp_all_reduce(b, act_bytes, involved, one_shot_below, "embedding_all_reduce",
-                                  one_shot_kernel)
+                                  all_reduce_curve)
             else:
                 b.recv(npu - tp, act_bytes, tag=stage, name="pp_recv")
                 acc = 0
@@ -132,7 +132,7 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
                             b.comp(acc)
                             acc = 0
                         tp_all_reduce(b, act_bytes, involved, one_shot_below,
-                                      one_shot_kernel=one_shot_kernel)
+                                      all_reduce_curve=all_reduce_curve)
             if stage == pp - 1:
                 acc += head_pre
                 if tp_ends and logits_bytes:
@@ -152,7 +152,7 @@ def build_graphs(lt: LayerTimes, tp: int, pp: int, act_bytes: int,
 
 
 def tp_collective_graphs(tp: int, collective: str, size_bytes: int, ndims: int = 1,
-                         one_shot_below: int = 0, one_shot_kernel=None) -> dict[int, Graph]:
+                         one_shot_below: int = 0, all_reduce_curve=None) -> dict[int, Graph]:
     """Every rank of one TP group running one collective (``all_reduce`` or ``all_gather``)
     over dimension 0 of a network of ``ndims`` dimensions, nothing else (an all-reduce as
     :func:`tp_all_reduce` runs it)."""
@@ -160,7 +160,7 @@ def tp_collective_graphs(tp: int, collective: str, size_bytes: int, ndims: int =
     b = GraphBuilder(0)
     if collective == "all_reduce":
         tp_all_reduce(b, size_bytes, involved, one_shot_below, "tp_all_reduce",
-                      one_shot_kernel)
+                      all_reduce_curve)
     else:
         getattr(b, collective)(size_bytes, involved_dim=involved, name=f"tp_{collective}")
     first = b.build()

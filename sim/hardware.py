@@ -84,14 +84,11 @@ class HardwareSpec:
     #: in place of the physical link above. None: not measured.
     measured_link_bw_GiBps: float | None = None
     measured_link_latency_ns: float | None = None
-    #: vLLM's one-stage custom all-reduce between two of these cards inside a CUDA graph,
-    #: as measured (experiments/tp_allreduce_vs_vllm.py --fit): its smallest time (us), and
-    #: the straight line its time follows from 256 KiB up to the kernel's limit (intercept
-    #: us, bandwidth decimal GB/s): max(min, latency + bytes / bw) is the kernel's time
-    #: (sim.backend.CustomAllReduceKernel). None: not measured (all three or none).
-    custom_allreduce_min_us: float | None = None
-    custom_allreduce_latency_us: float | None = None
-    custom_allreduce_bw_GBps: float | None = None
+    #: vLLM's own TP all-reduce between these cards (``tensor_model_parallel_all_reduce``:
+    #: custom all-reduce, symmetric memory or NCCL, as vLLM picks them by size), as measured
+    #: inside a CUDA graph: {tp: ((bytes, us), ...)}, bytes increasing
+    #: (sim.backend.measured_all_reduce). Empty: not measured.
+    vllm_all_reduce_us: dict = field(default_factory=dict)
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -138,11 +135,9 @@ def _number(d: dict, key: str, source: str) -> float:
 #: fields the simulator divides by (> 0), and the other plain numbers (>= 0); every one
 #: finite and at most MAX_NUMBER (as in a cluster file)
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
-             "measured_mem_bw_GBps", "measured_link_bw_GiBps", "custom_allreduce_min_us",
-             "custom_allreduce_bw_GBps")
+             "measured_mem_bw_GBps", "measured_link_bw_GiBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
-                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns",
-                 "custom_allreduce_latency_us")
+                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns")
 
 
 #: the dtype keys a measured GEMM rate may name
@@ -187,12 +182,29 @@ def _check_fields(d: dict, source: str) -> None:
     if len(given) == 1:
         raise InputError(f"field {given[0]!r} needs its pair (measured_link_bw_GiBps and "
                          "measured_link_latency_ns describe one measured link)", source=source)
-    trio = ("custom_allreduce_min_us", "custom_allreduce_latency_us", "custom_allreduce_bw_GBps")
-    given = [k for k in trio if d.get(k) is not None]
-    if 0 < len(given) < len(trio):
-        missing = [k for k in trio if k not in given]
-        raise InputError(f"field {given[0]!r} needs {' and '.join(map(repr, missing))} (the "
-                         "three describe one measured custom all-reduce curve)", source=source)
+
+
+def _all_reduce_curves(v: object, source: str) -> dict:
+    """``vllm_all_reduce_us`` checked: {tp >= 2: [[bytes, us], ...]}, at least two points a
+    curve, bytes increasing, every value a positive number."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not v:
+        raise InputError("field 'vllm_all_reduce_us' must map TP degrees to [[bytes, us], "
+                         f"...], got {v!r}", source=source)
+    out = {}
+    for tp, points in v.items():
+        ok = (isinstance(tp, int) and not isinstance(tp, bool) and tp >= 2
+              and isinstance(points, list) and len(points) >= 2
+              and all(isinstance(p, list) and len(p) == 2
+                      and not any(_bad_number(x, positive=True) for x in p) for p in points)
+              and all(a[0] < b[0] for a, b in zip(points, points[1:])))
+        if not ok:
+            raise InputError(f"field 'vllm_all_reduce_us' at {tp!r}: must be a TP degree >= 2 "
+                             "mapped to two or more [bytes, us] pairs of positive numbers, "
+                             "bytes increasing", source=source)
+        out[tp] = tuple((int(b), float(us)) for b, us in points)
+    return out
 
 
 def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
@@ -287,8 +299,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                                 else float(d["measured_link_bw_GiBps"])),
         measured_link_latency_ns=(None if d.get("measured_link_latency_ns") is None
                                   else float(d["measured_link_latency_ns"])),
-        **{k: None if d.get(k) is None else float(d[k]) for k in (
-            "custom_allreduce_min_us", "custom_allreduce_latency_us", "custom_allreduce_bw_GBps")},
+        vllm_all_reduce_us=_all_reduce_curves(d.get("vllm_all_reduce_us"), source),
         source=source,
     )
 

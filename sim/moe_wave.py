@@ -79,6 +79,13 @@ def default_max_cudagraph_capture_size(max_num_seqs: int) -> int:
     return min(2 * max_num_seqs, 512)
 
 
+def max_capture_size(opts) -> int:
+    """The largest CUDA-graph batch of a run: its max_cudagraph_capture_size, else vLLM
+    0.19's default for its max_num_seqs (0: eager)."""
+    cap = opts.max_cudagraph_capture_size
+    return default_max_cudagraph_capture_size(opts.max_num_seqs) if cap is None else cap
+
+
 def cudagraph_size(tokens: int, max_size: int) -> int | None:
     """The capture size a ``tokens``-token batch is padded to, or None when it runs without
     a CUDA graph. vLLM 0.19's default capture sizes are 1, 2, 4, then multiples of 8 below
@@ -186,10 +193,7 @@ class MoEWave:
         own = [s if s is not None else DUMMY_SHAPE for s in shapes]
         dp = len(members)
         if dp > 1:
-            cap = opts.max_cudagraph_capture_size
-            if cap is None:
-                cap = default_max_cudagraph_capture_size(opts.max_num_seqs)
-            padded = dp_padded_tokens([s.num_tokens for s in own], cap)
+            padded = dp_padded_tokens([s.num_tokens for s in own], max_capture_size(opts))
             # the padding is for the MoE layers and their exchange (num_tokens_across_dp);
             # each rank's attention stays its own varlen batch (prefill_work kept)
             own = [s if p == s.num_tokens else replace(s, num_tokens=p)
@@ -267,17 +271,18 @@ class MoEWave:
         key = (id(inst.network), inst.tp, inst.pp, tokens)
         t = self._tp_swap.get(key)
         if t is None:
-            from sim.backend import custom_all_reduce_below, custom_all_reduce_kernel
+            from sim.backend import custom_all_reduce_below, measured_all_reduce
             from sim.graph_generator import tp_all_reduce
 
             row = inst.model.hidden_size * inst.model.dtype_bytes
             involved = [True] + [False] * (len(inst.network.dims) - 1)
-            one_shot = custom_all_reduce_below(inst)  # the all-reduce as the step runs it
-            kernel = custom_all_reduce_kernel(inst)
+            # the all-reduce as the step runs it
+            one_shot = custom_all_reduce_below(inst)
+            curve = measured_all_reduce(inst)
             ar, ag = {}, {}
             for r in range(inst.tp):
                 b = GraphBuilder(r)
-                tp_all_reduce(b, tokens * row, involved, one_shot, "tp_all_reduce", kernel)
+                tp_all_reduce(b, tokens * row, involved, one_shot, "tp_all_reduce", curve)
                 ar[r] = b.build()
                 b = GraphBuilder(r)
                 b.all_gather(-(-tokens // inst.tp) * row, involved_dim=involved,

@@ -211,11 +211,11 @@ class SimOptions:
                      needs=("--data-parallel-size", "--enable-expert-parallel")))
     disable_custom_all_reduce: bool = option(
         False, "vLLM's --disable-custom-all-reduce: TP all-reduces always through NCCL (a "
-        "ring). Otherwise, at tp 2 on GPUs with peer access, an all-reduce below vLLM's "
-        "custom all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) "
-        "runs as its one-stage kernel: the card's measured kernel time (the catalogue's "
-        "custom_allreduce_*) on the catalogue's link, one transfer of the whole buffer from "
-        "the peer on a cluster file's link",
+        "ring on the link). Otherwise on the catalogue's link a TP all-reduce takes vLLM's "
+        "measured time for the card and TP degree (the catalogue's vllm_all_reduce_us); on "
+        "a cluster file's link, at tp 2 on GPUs with peer access, one below vLLM's custom "
+        "all-reduce limit (8 MiB; 2 MiB on compute capability 10.0, 4 MiB on 10.3) runs as "
+        "its one-stage kernel: one transfer of the whole buffer from the peer",
         scope=INSTANCE,
         vllm=VllmArg("--disable-custom-all-reduce", omit=(False,), switch=True,
                      negatable=False))

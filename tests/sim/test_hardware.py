@@ -104,3 +104,27 @@ def test_bad_num_sms_names_the_field(tmp_path, monkeypatch, bad):
     finally:
         clear_cache()
     assert "Broken.yaml" in str(exc.value)
+
+
+@pytest.mark.parametrize("bad", [
+    [[256, 4.2]],                                  # not a mapping by TP degree
+    {1: [[256, 4.2], [512, 4.3]]},                 # a TP degree below 2
+    {2: [[256, 4.2]]},                             # one point
+    {2: [[512, 4.2], [256, 4.3]]},                 # sizes not increasing
+    {2: [[256, -1.0], [512, 4.3]]},                # a time not positive
+    {2: [[256, "fast"], [512, 4.3]]},
+])
+def test_bad_all_reduce_curve_names_the_field(tmp_path, monkeypatch, bad):
+    hw = tmp_path / "hardware"
+    hw.mkdir()
+    data = yaml.safe_load((hardware_dir() / "H100-SXM.yaml").read_text())
+    data["vllm_all_reduce_us"] = bad
+    (hw / "Broken.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("LLMSIM_PROFILES_ROOT", str(tmp_path))
+    clear_cache()
+    try:
+        with pytest.raises(InputError, match="vllm_all_reduce_us") as exc:
+            load_hardware("H100-SXM")
+    finally:
+        clear_cache()
+    assert "Broken.yaml" in str(exc.value)

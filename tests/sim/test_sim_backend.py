@@ -417,43 +417,61 @@ def test_no_custom_all_reduce_without_peer_access_or_beyond_two_ranks():
     assert custom_all_reduce_below(h100x4.instances[0]) == 0
 
 
-@pytest.mark.parametrize("hardware,mem,nbytes,vllm_us,rel", [
-    # vLLM 0.19's one-stage custom all-reduce in a CUDA graph (aiconfigurator's measured
-    # comm/vllm/0.19.0 data): one Llama-3.1-70B token, 64 and 256 tokens
-    ("H100-SXM", 80, 16_384, 4.41, 0.05), ("H100-SXM", 80, 1_048_576, 8.30, 0.05),
-    ("H100-SXM", 80, 4_194_304, 20.20, 0.05),
-    ("RTXPRO6000", 96, 16_384, 20.55, 0.15), ("RTXPRO6000", 96, 1_048_576, 91.52, 0.05),
-    ("RTXPRO6000", 96, 4_194_304, 295.94, 0.05),
+@pytest.mark.parametrize("hardware,tp,nbytes,vllm_us", [
+    # vLLM 0.19's tensor_model_parallel_all_reduce in a CUDA graph (aiconfigurator's
+    # measured comm/vllm/0.19.0 data): one, 64 and 256 tokens of Llama-3.1-70B
+    ("H100-SXM", 2, 16_384, 4.411), ("H100-SXM", 2, 1_048_576, 8.303),
+    ("H100-SXM", 4, 4_194_304, 30.356), ("H100-SXM", 8, 16_384, 5.201),
+    ("H100-SXM", 8, 4_194_304, 30.57),
+    ("RTXPRO6000", 2, 16_384, 20.55), ("RTXPRO6000", 2, 4_194_304, 295.94),
 ])
-def test_custom_all_reduce_takes_the_measured_kernels_time_on_catalogue_links(
-        hardware, mem, nbytes, vllm_us, rel):
-    """vLLM's one-stage custom all-reduce between two cards reads the peer's buffer itself:
-    its time is the measured kernel's, not a transfer at the link's full bandwidth. Before,
-    the H100 pair's NVLink charged 0.56-0.77 of vLLM's time from 1 MiB up (its hops and
-    bandwidth plus the smallest kernel's fixed cost), the RTX PRO 6000 pair's link as NCCL
-    measured it 0.35-0.51 (the kernel polls and reads across PCIe: about 20 us and 15 GB/s).
-    A cluster file's link values are the link as LLMServingSim gives it to ASTRA-Sim: the
-    all-reduce runs on them."""
-    from sim.backend import custom_all_reduce_kernel
+def test_tp_all_reduce_takes_vllms_measured_time_on_catalogue_links(hardware, tp, nbytes,
+                                                                     vllm_us):
+    """vLLM's TP all-reduce (custom all-reduce, symmetric memory or NCCL as it picks them)
+    is timed by its kernels, not by a transfer at the link's full bandwidth: on the
+    catalogue's links it takes vLLM's measured time. Before, the H100's NVLink charged
+    0.56-0.77 of it at TP 2 from 1 MiB up, 0.62-0.88 at TP 4 and 0.91-1.65 at TP 8 (a ring
+    of 14 hops at one token); the RTX PRO 6000 pair's NCCL-measured link 0.35-0.51 (vLLM's
+    custom kernel polls and reads across PCIe). A cluster file's link values are the link as
+    LLMServingSim gives it to ASTRA-Sim: the all-reduce runs on them."""
+    from sim.backend import measured_all_reduce
     from sim.graph_generator import tp_collective_graphs
 
     def all_reduce(**top):
         cluster = {"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
-            "model_name": LLAMA, "hardware": hardware, "npu_mem": {"mem_size": mem},
-            "num_npus": 2, "tp_size": 2}]}], **top}
+            "model_name": LLAMA, "hardware": hardware, "npu_mem": {"mem_util": 0.9},
+            "num_npus": tp, "tp_size": tp}]}], **top}
         s = sim.Simulator(sim.parse_cluster(cluster), sim.SimOptions(latency_provider="roofline"))
         inst = s.instances[0]
         ns = s.backend.run_graphs(inst.network, tp_collective_graphs(
-            2, "all_reduce", nbytes, one_shot_below=custom_all_reduce_below(inst),
-            one_shot_kernel=custom_all_reduce_kernel(inst)))
+            tp, "all_reduce", nbytes, one_shot_below=custom_all_reduce_below(inst),
+            all_reduce_curve=measured_all_reduce(inst)))
         s.close()
-        return ns, custom_all_reduce_kernel(inst)
+        return ns, measured_all_reduce(inst)
 
-    ns, kernel = all_reduce()
-    assert kernel is not None and ns == pytest.approx(vllm_us * 1e3, rel=rel)
-    # a file's link: the all-gather on it, whatever the catalogue measured
-    ns, kernel = all_reduce(link_bw=419, link_latency=4000)
-    assert kernel is None
-    assert ns == pytest.approx(4_000 + nbytes / (419 * (1 << 30) / 1e9), rel=0.05)
+    ns, curve = all_reduce()
+    assert curve is not None and ns == pytest.approx(vllm_us * 1e3, rel=0.01)
+    # between two measured sizes: between their times
+    assert curve.points[0][1] * 1e3 <= curve.ns(3 * nbytes // 2) <= curve.ns(2 * nbytes)
+    # a file's link: the all-reduce on it, whatever vLLM measured
+    ns, curve = all_reduce(link_bw=419, link_latency=4000)
+    assert curve is None and ns > 4_000
+    # --disable-custom-all-reduce: vLLM always takes NCCL, which the curve is not
+    cluster = {"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
+        "model_name": LLAMA, "hardware": hardware, "npu_mem": {"mem_util": 0.9},
+        "num_npus": tp, "tp_size": tp, "disable_custom_all_reduce": True}]}]}
+    s = sim.Simulator(sim.parse_cluster(cluster), sim.SimOptions(latency_provider="roofline"))
+    assert measured_all_reduce(s.instances[0]) is None
+    s.close()
+
+
+def test_all_reduce_curve_interpolates_log_log_and_extends_at_its_last_bandwidth():
+    from sim.backend import AllReduceCurve
+
+    c = AllReduceCurve("t", ((1000, 2.0), (4000, 8.0), (8000, 10.0)))
+    assert c.ns(10) == 2000                      # below the first size: its time
+    assert c.ns(2000) == 4000                    # 2 x 2^(log 2 / log 4 x log 4) us
+    assert c.ns(4000) == 8000
+    assert c.ns(12000) == 12000                  # the last stretch's 2 us per 4000 bytes
 
 
