@@ -24,19 +24,19 @@ The brute-force cache is keyed by the space without its ``search`` section and b
 simulator's sources (``sim/``, ``astra-sim/astrasim/``, ``profiles/``).
 
 Measured 2026-11-26 (roofline with the H100's measured GEMM rates, varlen attention
-charged per prompt and the TP 2 custom all-reduce at the measured kernel's time; the full
-300-request workload): 1,400 distinct configurations, 600 rejected, 530 feasible, 30 on the
-front, best 1,646 tok/s/device (tp 4, one replica, max_num_seqs 128,
-max_num_batched_tokens 2048); brute force 114 s.
+charged per prompt and TP all-reduces at vLLM's measured time; the full 300-request
+workload): 1,400 distinct configurations, 600 rejected, 524 feasible, 26 on the front, best
+1,634 tok/s/device (tp 4, one replica, max_num_seqs 128, max_num_batched_tokens 2048);
+brute force 114 s.
 
     n_trials      nsga2 (= auto)   tpe            random
-    70 (5%)       0.994 / 0.983    0.989 / 0.980  0.985 / 0.976
-    80            0.994 / 0.983    0.989 / 0.981  0.989 / 0.980
-    140 (10%)     1.000 / 0.989    0.990 / 0.989  0.989 / 0.987
-    280 (20%)     1.000 / 0.989    1.000 / 1.000  1.000 / 0.989
+    70 (5%)       0.989 / 0.976    0.989 / 0.986  0.986 / 0.947
+    80            0.989 / 0.976    0.989 / 0.989  0.986 / 0.947
+    140 (10%)     0.989 / 0.989    0.989 / 0.989  0.991 / 0.989
+    280 (20%)     1.000 / 0.992    1.000 / 0.989  1.000 / 0.992
 
-With the custom all-reduce's fixed cost alone (same day): 26 on the front; 80 trials 1.000 /
-0.982, 1.000 / 0.992, 0.993 / 0.989.
+With the TP 2 custom all-reduce's fixed cost alone (same day): 530 feasible, 26 on the
+front, best 1,646; 80 trials 1.000 / 0.982, 1.000 / 0.992, 0.993 / 0.989.
 
 Before the varlen fix (same day): 42 on the front, best 1,646 (max_num_seqs 256,
 max_num_batched_tokens 4096); 80 trials 0.997 / 0.996, 1.000 / 0.988, 0.993 / 0.984.
