@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import math
-from itertools import accumulate
 import os
 import re
 import sys
 from abc import ABC, abstractmethod
-from pathlib import Path
 from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from astrasim import Engine, MemoryConfig, Network, SystemConfig
@@ -117,7 +117,7 @@ def custom_all_reduce_below(inst) -> int:
 @dataclass(frozen=True, eq=False)
 class AllReduceCurve:
     """vLLM's TP all-reduce time against its size, measured (``points``: (bytes, us),
-    bytes increasing); ``name`` identifies it (card, TP degree, mode) in cache keys."""
+    bytes increasing); ``name`` identifies it (card, TP degree) in cache keys."""
 
     name: str
     points: tuple[tuple[int, float], ...]
