@@ -124,7 +124,7 @@ def catalogue_block(table) -> str:
     lines = ["vllm_all_reduce_us:"]
     for tp in sorted(tp for kind, tp in table if kind == "vLLM_custom_graph"):
         sizes, ms = table[("vLLM_custom_graph", tp)]
-        pairs = [f"[{2 * e}, {round(t * 1e3, 3):g}]" for e, t in zip(sizes, ms)]
+        pairs = [f"[{2 * e}, {round(t * 1e3, 3)!r}]" for e, t in zip(sizes, ms)]
         rows = [", ".join(pairs[i:i + 5]) for i in range(0, len(pairs), 5)]
         lines.append(f"  {tp}: [" + ",\n      ".join(rows) + "]")
     return "\n".join(lines)

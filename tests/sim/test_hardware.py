@@ -124,3 +124,17 @@ def test_bad_num_sms_names_the_field(tmp_path, monkeypatch, bad):
 ])
 def test_bad_all_reduce_curve_names_the_field(tmp_path, monkeypatch, bad):
     assert "vllm_all_reduce_us" in _load_with(tmp_path, monkeypatch, "vllm_all_reduce_us", bad)
+
+
+def test_all_reduce_curves_are_vllms_measured_ones():
+    """The catalogue's ``vllm_all_reduce_us`` is aiconfigurator's measured vLLM 0.19
+    all-reduce in a CUDA graph, as ``tp_allreduce_vs_vllm.py --catalogue`` prints it: every
+    card the experiment covers, every TP degree measured, every point (3 decimals of us)."""
+    pytest.importorskip("aiconfigurator_core", reason="needs the aic extra")
+    from experiments.tp_allreduce_vs_vllm import HARDWARE, vllm_table
+
+    for name in HARDWARE:
+        table = vllm_table(name)
+        measured = {tp: tuple((2 * e, round(ms * 1e3, 3)) for e, ms in zip(*curve))
+                    for (kind, tp), curve in table.items() if kind == "vLLM_custom_graph"}
+        assert load_hardware(name).vllm_all_reduce_us == measured, name
