@@ -134,14 +134,21 @@ def load_meta(folder: Path) -> dict:
         raise InputError(f"malformed JSON ({exc or 'nested too deeply'})",
                          source=str(path)) from None
     kw = meta.get("engine_kwargs") if isinstance(meta, dict) else None
+    if isinstance(kw, dict):
+        # a limit the run left to vLLM: the value its resolved config records
+        resolved = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+        for k in ("max_num_seqs", "max_num_batched_tokens"):
+            if kw.get(k) is None and isinstance(resolved, dict):
+                kw[k] = resolved.get(k)
     ok = isinstance(kw, dict) and all(
         isinstance(kw.get(k), int) and not isinstance(kw.get(k), bool) and kw[k] > 0
         for k in ("max_num_seqs", "max_num_batched_tokens"))
     if not ok or not isinstance(meta.get("dataset_path"), str) \
             or not isinstance(meta.get("kv_cache", {}), dict):
         raise InputError("needs engine_kwargs.max_num_seqs and .max_num_batched_tokens "
-                         "(integers > 0), dataset_path (a path under ../shared/data) and "
-                         "kv_cache (a mapping)", source=str(path))
+                         "(integers > 0; or resolved_config.scheduler_config's where the "
+                         "run left them to vLLM), dataset_path (a path under ../shared/data) "
+                         "and kv_cache (a mapping)", source=str(path))
     return meta
 
 

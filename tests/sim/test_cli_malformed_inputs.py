@@ -730,6 +730,22 @@ def test_validate_vllm_reads_llmservingsims_config_json(tmp_path, monkeypatch):
     assert (mem_a.mem_size_gib, mem_a.mem_util) == (mem_b.mem_size_gib, mem_b.mem_util)
 
 
+def test_validate_vllm_takes_limits_left_to_vllm_from_its_resolved_config(tmp_path):
+    """A run that left max_num_seqs / max_num_batched_tokens to vLLM (null in engine_kwargs)
+    is replayed with the values vLLM resolved (its meta.json's resolved_config); it was
+    refused."""
+    from experiments.validate_vllm import load_meta
+
+    def left_to_vllm(f):
+        meta = json.loads((f / "vllm" / "meta.json").read_text())
+        meta["engine_kwargs"].update(max_num_seqs=None, max_num_batched_tokens=None)
+        (f / "vllm" / "meta.json").write_text(json.dumps(meta))
+
+    folder = _validation_case(tmp_path, "case", left_to_vllm)
+    kw = load_meta(folder)["engine_kwargs"]
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (256, 2048)
+
+
 def test_validate_vllm_unknown_provider(capsys):
     from experiments.validate_vllm import main as validate_main
 
