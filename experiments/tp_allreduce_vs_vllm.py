@@ -16,8 +16,8 @@ custom all-reduce below its limit at TP 2, else a ring), and vLLM's measured tim
 the hidden sizes of a Qwen3-32B step (5,120 bf16 values a token: between the measured
 sizes).
 
-What it shows (2026-11-26): the simulated all-reduce is vLLM's graph time (1.00: the
-curve itself, interpolated as this script does); the link alone gave H100 TP 2 0.14-0.74 of
+What it shows (2026-11-26): the simulated all-reduce is vLLM's graph time (1.00-1.02: the
+curve itself, held non-decreasing where the measurement dips); the link alone gave H100 TP 2 0.14-0.74 of
 it, TP 4 0.54-0.85, TP 8 0.91-1.70 (a ring's 14 hops at one token); H200 alike; B200 0.09-
 1.07; RTX PRO 6000 TP 2 0.36-0.51 on the link NCCL measured between two of the cards
 (vLLM's custom kernel polls its peer's flags and reads its buffer across PCIe: about 20 us
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -42,11 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from astrasim import GraphBuilder  # noqa: E402
 
 import sim  # noqa: E402
-from sim.backend import (AstraInprocBackend, custom_all_reduce_below,  # noqa: E402
-                         measured_all_reduce)
+from sim.backend import (AllReduceCurve, AstraInprocBackend,  # noqa: E402
+                         custom_all_reduce_below, measured_all_reduce)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
-from sim.hardware import load_hardware  # noqa: E402
 
 HIDDEN = 5120            # Qwen3-32B: its sizes fall between the measured ones
 TOKENS = (1, 8, 64, 256, 1024, 2048, 8192)
@@ -76,28 +74,23 @@ def vllm_table(hardware: str):
     return out
 
 
-def at(curve, elements: int) -> float:
-    """us at ``elements``, log-log interpolated (clamped at the ends)."""
-    sizes, ms = curve
-    if elements <= sizes[0]:
-        return ms[0] * 1e3
-    if elements >= sizes[-1]:
-        return ms[-1] * 1e3
-    for i in range(1, len(sizes)):
-        if elements <= sizes[i]:
-            t = (math.log(elements) - math.log(sizes[i - 1])) / (math.log(sizes[i])
-                                                                 - math.log(sizes[i - 1]))
-            return math.exp(math.log(ms[i - 1]) + t * (math.log(ms[i]) - math.log(ms[i - 1]))) * 1e3
-    return ms[-1] * 1e3
+def graph_points(table, tp: int, kind: str = "vLLM_custom_graph"):
+    """vLLM's measured curve at ``tp`` (``kind``: in a CUDA graph or eagerly) as the
+    catalogue's ``vllm_all_reduce_us`` holds it: ((bytes, us to 3 decimals), ...)."""
+    sizes, ms = table[(kind, tp)]
+    return tuple((2 * e, round(t * 1e3, 3)) for e, t in zip(sizes, ms))
+
+
+def vllm_us(table, tp: int, nbytes: int, kind: str = "vLLM_custom_graph") -> float:
+    """vLLM's measured time at ``nbytes``, interpolated as the simulator reads its curves
+    (sim.backend.AllReduceCurve)."""
+    return AllReduceCurve(kind, graph_points(table, tp, kind)).ns(nbytes) / 1e3
 
 
 def _instance(hardware: str, tp: int):
     """A TP ``tp`` instance on ``hardware`` from a cluster file without link values."""
-    spec = load_hardware(hardware)
     cluster = sim.parse_cluster({"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
-        "model_name": "meta-llama/Llama-3.1-70B", "hardware": spec.name,
-        "npu_mem": {"mem_size": spec.mem_size_GiB, "mem_bw": spec.mem_bw_GBps,
-                    "mem_latency": 0},
+        "model_name": "meta-llama/Llama-3.1-70B", "hardware": hardware,
         "num_npus": tp, "tp_size": tp}]}]})
     return build_instances(cluster, sim.SimOptions(latency_provider="roofline"))[0]
 
@@ -123,8 +116,7 @@ def catalogue_block(table) -> str:
     a CUDA graph: bytes (bf16 elements x 2) and us (3 decimals), by TP degree."""
     lines = ["vllm_all_reduce_us:"]
     for tp in sorted(tp for kind, tp in table if kind == "vLLM_custom_graph"):
-        sizes, ms = table[("vLLM_custom_graph", tp)]
-        pairs = [f"[{2 * e}, {round(t * 1e3, 3)!r}]" for e, t in zip(sizes, ms)]
+        pairs = [f"[{b}, {us!r}]" for b, us in graph_points(table, tp)]
         rows = [", ".join(pairs[i:i + 5]) for i in range(0, len(pairs), 5)]
         lines.append(f"  {tp}: [" + ",\n      ".join(rows) + "]")
     return "\n".join(lines)
@@ -157,17 +149,16 @@ def main(argv=None) -> int:
               "link / graph | sim / graph |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for tp in (2, 4, 8):
-            graph = table.get(("vLLM_custom_graph", tp))
-            eager = table.get(("vLLM_custom_eager", tp))
-            if graph is None:
+            if ("vLLM_custom_graph", tp) not in table:
                 continue
+            has_eager = ("vLLM_custom_eager", tp) in table
             for tokens in TOKENS:
-                elements = tokens * HIDDEN
-                link_us = simulated_us(backend, hardware, tp, 2 * elements, on_link=True)
-                s = simulated_us(backend, hardware, tp, 2 * elements)
-                g = at(graph, elements)
-                e = at(eager, elements) if eager else float("nan")
-                print(f"| {tp} | {tokens:,} | {2 * elements:,} | {link_us:,.1f} | {s:,.1f} | "
+                nbytes = 2 * tokens * HIDDEN
+                link_us = simulated_us(backend, hardware, tp, nbytes, on_link=True)
+                s = simulated_us(backend, hardware, tp, nbytes)
+                g = vllm_us(table, tp, nbytes)
+                e = vllm_us(table, tp, nbytes, "vLLM_custom_eager") if has_eager else float("nan")
+                print(f"| {tp} | {tokens:,} | {nbytes:,} | {link_us:,.1f} | {s:,.1f} | "
                       f"{g:,.1f} | {e:,.1f} | {link_us / g:.2f} | {s / g:.2f} |")
         print()
     return 0

@@ -260,6 +260,9 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                          f"{topo!r}", source=source)
     scale = {k: _number(d, k, source) if d.get(k) is not None else None
              for k in ("scale_out_bw_GBps", "scale_out_latency_ns")}
+    measured = {k: None if d.get(k) is None else float(d[k])
+                for k in ("measured_mem_bw_GBps", "gemm_overlap_p", "measured_link_bw_GiBps",
+                          "measured_link_latency_ns")}
     return HardwareSpec(
         name=str(d["name"]),
         peak_tflops={str(k): float(v) for k, v in peak.items()},
@@ -292,13 +295,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
         peer_access=peer,
         measured_gemm_tflops={str(k): float(v)
                               for k, v in (d.get("measured_gemm_tflops") or {}).items()},
-        measured_mem_bw_GBps=(None if d.get("measured_mem_bw_GBps") is None
-                              else float(d["measured_mem_bw_GBps"])),
-        gemm_overlap_p=None if d.get("gemm_overlap_p") is None else float(d["gemm_overlap_p"]),
-        measured_link_bw_GiBps=(None if d.get("measured_link_bw_GiBps") is None
-                                else float(d["measured_link_bw_GiBps"])),
-        measured_link_latency_ns=(None if d.get("measured_link_latency_ns") is None
-                                  else float(d["measured_link_latency_ns"])),
+        **measured,
         vllm_all_reduce_us=_all_reduce_curves(d.get("vllm_all_reduce_us"), source),
         source=source,
     )

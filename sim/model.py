@@ -264,24 +264,22 @@ class ModelSpec:
         bn, bk = self.weight_block_size
         d = self.head_dim
         q = self.num_attention_heads * d
-        # (layer, which of its dimensions, that dimension per rank, the block it must fill);
-        # KV heads replicate when tp exceeds them (one a rank)
-        shards = [("qkv_proj", "query output", q / tp, bn),
-                  ("qkv_proj", "key/value output", max(1, self.num_key_value_heads // tp) * d,
-                   bn),
-                  ("o_proj", "input", q / tp, bk)]
+        # (layer, which of its dimensions, its width, the ranks sharing it, the block each
+        # share must fill); KV heads replicate when tp exceeds them (one a rank)
+        kv = max(1, self.num_key_value_heads // tp) * d * tp
+        shards = [("qkv_proj", "query output", q, tp, bn),
+                  ("qkv_proj", "key/value output", kv, tp, bn),
+                  ("o_proj", "input", q, tp, bk)]
         if "gate_up_proj" in self.block_sequence:
-            shards += [("gate_up_proj", "output", self.intermediate_size / tp, bn),
-                       ("down_proj", "input", self.intermediate_size / tp, bk)]
-        if self.is_moe:
-            shards += [("the experts' gate_up", "output", self.moe_intermediate_size / moe_tp,
-                        bn),
-                       ("the experts' down", "input", self.moe_intermediate_size / moe_tp, bk)]
-        for layer, dim, per_rank, block in shards:
+            shards += [("gate_up_proj", "output", self.intermediate_size, tp, bn),
+                       ("down_proj", "input", self.intermediate_size, tp, bk)]
+        experts = [("the experts' gate_up", "output", self.moe_intermediate_size, moe_tp, bn),
+                   ("the experts' down", "input", self.moe_intermediate_size, moe_tp, bk)]
+        for layer, dim, width, ranks, block in shards + (experts if self.is_moe else []):
+            per_rank = width / ranks
             if per_rank % block:
-                ranks = moe_tp if layer.startswith("the experts") else tp
                 hint = ("; with expert parallelism (ep_size) each rank holds whole experts"
-                        if layer.startswith("the experts") else "")
+                        if (layer, dim, width, ranks, block) in experts else "")
                 raise InputError(
                     f"{self.name}'s FP8 weights are scaled in {bn} x {bk} blocks, but "
                     f"{layer}'s {dim} over {ranks} ranks is {per_rank:g} a rank, not a whole "

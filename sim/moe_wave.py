@@ -277,8 +277,7 @@ class MoEWave:
             row = inst.model.hidden_size * inst.model.dtype_bytes
             involved = [True] + [False] * (len(inst.network.dims) - 1)
             # the all-reduce as the step runs it
-            one_shot = custom_all_reduce_below(inst)
-            curve = measured_all_reduce(inst)
+            one_shot, curve = custom_all_reduce_below(inst), measured_all_reduce(inst)
             ar, ag = {}, {}
             for r in range(inst.tp):
                 b = GraphBuilder(r)

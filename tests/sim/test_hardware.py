@@ -131,10 +131,10 @@ def test_all_reduce_curves_are_vllms_measured_ones():
     all-reduce in a CUDA graph, as ``tp_allreduce_vs_vllm.py --catalogue`` prints it: every
     card the experiment covers, every TP degree measured, every point (3 decimals of us)."""
     pytest.importorskip("aiconfigurator_core", reason="needs the aic extra")
-    from experiments.tp_allreduce_vs_vllm import HARDWARE, vllm_table
+    from experiments.tp_allreduce_vs_vllm import HARDWARE, graph_points, vllm_table
 
     for name in HARDWARE:
         table = vllm_table(name)
-        measured = {tp: tuple((2 * e, round(ms * 1e3, 3)) for e, ms in zip(*curve))
-                    for (kind, tp), curve in table.items() if kind == "vLLM_custom_graph"}
+        measured = {tp: graph_points(table, tp) for kind, tp in table
+                    if kind == "vLLM_custom_graph"}
         assert load_hardware(name).vllm_all_reduce_us == measured, name

@@ -437,10 +437,10 @@ def test_tp_all_reduce_takes_vllms_measured_time_on_catalogue_links(hardware, tp
     from sim.backend import measured_all_reduce
     from sim.graph_generator import tp_collective_graphs
 
-    def all_reduce(**top):
+    def all_reduce(instance=(), **top):
         cluster = {"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
             "model_name": LLAMA, "hardware": hardware, "npu_mem": {"mem_util": 0.9},
-            "num_npus": tp, "tp_size": tp}]}], **top}
+            "num_npus": tp, "tp_size": tp, **dict(instance)}]}], **top}
         s = sim.Simulator(sim.parse_cluster(cluster), sim.SimOptions(latency_provider="roofline"))
         inst = s.instances[0]
         ns = s.backend.run_graphs(inst.network, tp_collective_graphs(
@@ -457,12 +457,7 @@ def test_tp_all_reduce_takes_vllms_measured_time_on_catalogue_links(hardware, tp
     ns, curve = all_reduce(link_bw=419, link_latency=4000)
     assert curve is None and ns > 4_000
     # --disable-custom-all-reduce: vLLM always takes NCCL, which the curve is not
-    cluster = {"num_nodes": 1, "nodes": [{"num_instances": 1, "instances": [{
-        "model_name": LLAMA, "hardware": hardware, "npu_mem": {"mem_util": 0.9},
-        "num_npus": tp, "tp_size": tp, "disable_custom_all_reduce": True}]}]}
-    s = sim.Simulator(sim.parse_cluster(cluster), sim.SimOptions(latency_provider="roofline"))
-    assert measured_all_reduce(s.instances[0]) is None
-    s.close()
+    assert all_reduce({"disable_custom_all_reduce": True})[1] is None
 
 
 def test_all_reduce_curve_interpolates_log_log_and_extends_at_its_last_bandwidth():
