@@ -29,8 +29,8 @@ from dse.space import Space
 log = logging.getLogger(__name__)
 
 __all__ = ["DESIGN_ATTR", "covering_size", "design_size", "enqueue_initial_design", "feasible_set",
-           "initial_design", "make_sampler", "refuse_empty_space", "resolved_sampler",
-           "sampler_settings"]
+           "initial_design", "make_sampler", "polish_share", "refuse_empty_space",
+           "resolved_sampler", "sampler_settings"]
 
 #: study user attribute set once the initial design is enqueued (value: its size)
 DESIGN_ATTR = "dse.initial_design"
@@ -39,6 +39,8 @@ ENUMERATION_LIMIT = 100_000
 
 #: share of the draws after the initial design that are neighbours of the front
 DEFAULT_LOCAL_SEARCH = 0.5
+#: share of n_trials, at the end of the budget, that polishes the best configurations
+DEFAULT_POLISH = 0.1
 
 
 _FEASIBLE_CACHE: dict[tuple[str, str, int], list[dict] | None] = {}
@@ -241,17 +243,20 @@ class LocalSearchSampler:
     there are any) the base point is instead one that would beat that front but breaks
     an SLO (on the front of all trials, feasible or not): its neighbours reach for the
     edge of the feasible region, where the best feasible configurations often are. The other
-    draws, and any draw with no such neighbour left, are the wrapped sampler's. It reads
-    only the study, so parallel workers (running trials count as taken) and a resumed study
-    need nothing more."""
+    draws, and any draw with no such neighbour left, are the wrapped sampler's. From the
+    ``polish_from``-th counted trial on, every draw instead polishes the best feasible
+    configuration (``_polish``). It reads only the study, so parallel workers (running
+    trials count as taken) and a resumed study need nothing more."""
 
     def __init__(self, base, space: Space, feasible: list[dict], p: float, seed: int,
-                 start_after: int) -> None:
+                 start_after: int, polish_from: int | None = None) -> None:
         self.base = base
         self.space = space
         self.p = p
         self.seed = seed
         self.start_after = start_after
+        #: counted trials from which every draw polishes the best (None: never)
+        self.polish_from = polish_from
         self._key = KeyCache(space)
         self._feasible = {self._key(f): f for f in feasible}
         self._values = {k: list(space.knobs[k].finite_values() or [])
@@ -283,10 +288,9 @@ class LocalSearchSampler:
         self.base.before_trial(study, trial)
         if trial.system_attrs.get("fixed_params"):
             return  # enqueued: the design, or a re-run after an interruption
-        rng = np.random.default_rng([self.seed, trial.number])
-        if rng.random() >= self.p:
+        if self.p <= 0 and self.polish_from is None:
             return
-        picked = self._neighbour(study, rng)
+        picked = self._neighbour(study, np.random.default_rng([self.seed, trial.number]))
         if picked is not None:
             self._picked[trial.number] = picked
 
@@ -315,6 +319,12 @@ class LocalSearchSampler:
                 taken.add(self._key(p))  # (config_key completes the parameters itself)
         feas = [t for t in done if all(v <= 0 for v in (t.constraints or {}).values())]
         dirs = ["maximize" if d.name == "MAXIMIZE" else "minimize" for d in study.directions]
+        if self.polish_from is not None and len(done) >= self.polish_from:
+            picked = self._polish(feas, done, dirs, taken, rng)
+            if picked is not None:
+                return picked
+        if rng.random() >= self.p:
+            return None
 
         def front_of(ts):
             if not ts:
@@ -345,22 +355,66 @@ class LocalSearchSampler:
 
     def _neighbour_of(self, front, weights, taken, rng) -> dict | None:
         for i in rng.choice(len(front), size=len(front), replace=False, p=weights):
-            base = {k: front[i].params[k] for k in self._values if k in front[i].params}
-            cands: dict[str, dict] = {}
-            for k, vals in self._values.items():
-                if k not in base or base[k] not in vals:
-                    continue
-                j = vals.index(base[k])
-                others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
-                          if self._numeric[k] else [v for v in vals if v != base[k]])
-                for v in others:
-                    key = self._key({**base, k: v})
-                    if key in self._feasible and key not in taken:
-                        cands.setdefault(key, self._feasible[key])
+            cands = self._untried_neighbours(front[i].params, taken)
             if cands:
                 keys = sorted(cands)
-                return dict(cands[keys[int(rng.integers(len(keys)))]])
+                return dict(cands[keys[int(rng.integers(len(keys)))]][1])
         return None
+
+    def _untried_neighbours(self, params: dict, taken: set) -> dict[str, tuple[str, dict]]:
+        """The feasible one-knob neighbours of ``params`` that no trial holds: by
+        configuration key, the knob moved and the configuration."""
+        base = {k: params[k] for k in self._values if k in params}
+        cands: dict[str, tuple[str, dict]] = {}
+        for k, vals in self._values.items():
+            if k not in base or base[k] not in vals:
+                continue
+            j = vals.index(base[k])
+            others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
+                      if self._numeric[k] else [v for v in vals if v != base[k]])
+            for v in others:
+                key = self._key({**base, k: v})
+                if key in self._feasible and key not in taken:
+                    cands.setdefault(key, (k, self._feasible[key]))
+        return cands
+
+    # ------------------------------------------------------------ polish
+    def _polish(self, feas, done, dirs, taken, rng) -> dict | None:
+        """An untried one-knob neighbour of the best feasible trial by the objectives in
+        their order (the first decides; ties go to the next), else of the next best, and
+        so on: the end of the budget climbs from the best configuration found, the one a
+        user takes, so that no single knob change left untried beats it. Knobs that every
+        comparison so far found inert (``_inert_knobs``) are moved last."""
+        if not feas:
+            return None
+        signs = [-1.0 if d == "maximize" else 1.0 for d in dirs]
+        ranked = sorted(feas, key=lambda t: ([v * s for v, s in zip(t.values, signs)], t.number))
+        inert = self._inert_knobs(done)
+        for t in ranked:
+            cands = self._untried_neighbours(t.params, taken)
+            if not cands:
+                continue
+            keys = sorted(k for k, (knob, _) in cands.items() if knob not in inert) or sorted(cands)
+            return dict(cands[keys[int(rng.integers(len(keys)))]][1])
+        return None
+
+    def _inert_knobs(self, done) -> set[str]:
+        """Knobs whose every observed change alone (two counted trials that differ in that
+        knob only) left every objective value the same: a workload without shared prefixes
+        makes prefix caching such a knob, one router such a routing policy."""
+        same: set[str] = set()
+        differ: set[str] = set()
+        for k in self._values:
+            groups: dict[tuple, dict] = {}
+            for t in done:
+                if k not in t.params:
+                    continue
+                rest = tuple((n, t.params.get(n)) for n in self._values if n != k)
+                groups.setdefault(rest, {}).setdefault(t.params[k], tuple(t.values))
+            for outcomes in groups.values():
+                if len(outcomes) > 1:
+                    (same if len(set(outcomes.values())) == 1 else differ).add(k)
+        return same - differ
 
 
 def _contributions(values: np.ndarray, seen: np.ndarray, dirs: list[str]) -> np.ndarray:
@@ -413,9 +467,11 @@ def make_sampler(space: Space, seed: int, deterministic: bool, n_trials: int | N
     else:
         return optuna.samplers.RandomSampler(seed=seed)
     p = local_search_share(space)
+    n_polish = round(polish_share(space) * (n_trials or s.n_trials))
     feasible = feasible_set(space)
-    if p > 0 and feasible:
-        return LocalSearchSampler(base, space, feasible, p, seed, max(1, n_design))
+    if (p > 0 or n_polish > 0) and feasible:
+        polish_from = (n_trials or s.n_trials) - n_polish if n_polish > 0 else None
+        return LocalSearchSampler(base, space, feasible, p, seed, max(1, n_design), polish_from)
     return base
 
 
@@ -423,6 +479,12 @@ def local_search_share(space: Space) -> float:
     """The share of draws that are neighbours of the front (``search.local_search``)."""
     v = getattr(space.search, "local_search", None)
     return DEFAULT_LOCAL_SEARCH if v is None else float(v)
+
+
+def polish_share(space: Space) -> float:
+    """The share of ``n_trials`` at the end spent around the best (``search.polish``)."""
+    v = getattr(space.search, "polish", None)
+    return DEFAULT_POLISH if v is None else float(v)
 
 
 def sampler_settings(space: Space, seed: int, deterministic: bool,
@@ -439,4 +501,7 @@ def sampler_settings(space: Space, seed: int, deterministic: bool,
                  n_startup_trials=design_size(space, n_trials or s.n_trials, seed) or 10)
     if sampler not in ("grid", "random"):
         d["initial_design"] = design_size(space, n_trials or s.n_trials, seed)
+        if feasible_set(space) is not None:
+            d["local_search"] = local_search_share(space)
+            d["polish_trials"] = round(polish_share(space) * (n_trials or s.n_trials))
     return d

@@ -121,6 +121,10 @@ class Search(Section):
     local_search: num(minimum=0, maximum=1) = Field(
         None, description="share of the draws that are one-knob neighbours of the front "
                           "(default 0.5; 0: none)")
+    polish: num(minimum=0, maximum=1) = Field(
+        None, description="share of n_trials, at the end of the budget, spent on one-knob "
+                          "neighbours of the best feasible configurations by the first "
+                          "objective (default 0.1; 0: none)")
 
 
 class Workload(Section):

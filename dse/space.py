@@ -299,6 +299,9 @@ class SearchSettings:
     initial_design: int | None = None
     #: share of draws that are one-knob neighbours of the front (dse.sampling); None: default
     local_search: float | None = None
+    #: share of n_trials at the end spent around the best configurations (dse.sampling);
+    #: None: default
+    polish: float | None = None
 
 
 @dataclass(frozen=True)
@@ -553,7 +556,8 @@ def _search(se, objectives) -> SearchSettings:
                           timeout_s=se.timeout_s, seed=se.seed, workers=se.workers,
                           population_size=se.population_size,
                           trial_timeout_s=se.trial_timeout_s,
-                          initial_design=se.initial_design, local_search=se.local_search)
+                          initial_design=se.initial_design, local_search=se.local_search,
+                          polish=se.polish)
 
 
 def _study_name(name: Any, source: str) -> str:

@@ -80,6 +80,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import shutil
 import statistics
 import sys
@@ -102,7 +103,7 @@ from dse.worker import evaluate  # noqa: E402
 def variant_space(src: Path, out_dir: Path, provider: str | None, num_requests: int | None,
                   sampler: str | None = None, population: int | None = None,
                   tag: str = "space", design: int | None = None,
-                  local: float | None = None) -> Path:
+                  local: float | None = None, polish: float | None = None) -> Path:
     """A copy of the space file with the overrides (the copy is what every run loads)."""
     data = yaml.safe_load(src.read_text())
     if provider:
@@ -119,6 +120,8 @@ def variant_space(src: Path, out_dir: Path, provider: str | None, num_requests: 
         data.setdefault("search", {})["initial_design"] = design
     if local is not None:
         data.setdefault("search", {})["local_search"] = local
+    if polish is not None:
+        data.setdefault("search", {})["polish"] = polish
     out_dir.mkdir(parents=True, exist_ok=True)
     p = out_dir / f"{tag}.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -272,8 +275,11 @@ def run_one(space_path: Path, out: Path, n_trials: int, seed: int, bf: dict,
         if row and row.get("feasible"):
             pts.append([row[n] for n in names])
     hv = hypervolume_2d(np.array(pts, float).reshape(-1, 2), bf["directions"], ref)
+    sign = 1.0 if bf["directions"][0] == "maximize" else -1.0
+    best = max((sign * p[0] for p in pts), default=None)
     return {"hv": hv, "complete": s.complete, "rejected": s.rejected, "repeats": s.repeats,
-            "distinct": len(seen), "wall_s": wall}
+            "distinct": len(seen), "wall_s": wall,
+            "best": None if best is None else sign * best}
 
 
 def _storage(out: Path):
@@ -295,7 +301,10 @@ def main(argv=None) -> int:
                          "leaves the sampler's own)")
     ap.add_argument("--locals", nargs="+", default=["default"],
                     help="local-search shares to compare (search.local_search)")
-    ap.add_argument("--fractions", nargs="+", type=float, default=[0.05, 0.10, 0.20],
+    ap.add_argument("--polishes", nargs="+", default=["default"],
+                    help="shares of the budget that polish the best at the end to compare "
+                         "(search.polish)")
+    ap.add_argument("--fractions", nargs="*", type=float, default=[0.05, 0.10, 0.20],
                     help="budgets as shares of the grid's distinct configurations")
     ap.add_argument("--trials", nargs="+", type=int, default=[],
                     help="budgets as trial counts, run before the fractions (issue #18 "
@@ -334,20 +343,28 @@ def main(argv=None) -> int:
           f"({ {k: best['params'][k] for k in ('tp', 'replicas', 'max_num_seqs', 'max_num_batched_tokens')} })")
     if a.brute_force_only:
         return 0
-    print(f"\n{'sampler':8} {'design':>6} {'local':>6} {'n_trials':>8} {'median HV':>10} {'worst HV':>9} "
+    print(f"\n{'sampler':8} {'design':>6} {'local':>6} {'polish':>6} {'n_trials':>8} "
+          f"{'median HV':>10} {'worst HV':>9} {'best found':>10} "
           f"{'rejected':>9} {'repeats':>8} {'wall s':>7}   per seed")
     for frac in [t / len(rows) for t in a.trials] + a.fractions:
-        for sampler, design, local in itertools.product(a.samplers, a.designs, a.locals):
+        for sampler, design, local, polish in itertools.product(a.samplers, a.designs, a.locals,
+                                                                a.polishes):
             d = None if design == "default" else int(design)
             lo = None if local == "default" else float(local)
-            tag = f"{sampler}-{a.population}-{design}-{local}"
+            po = None if polish == "default" else float(polish)
+            tag = f"{sampler}-{a.population}-{design}-{local}-{polish}"
             sp = variant_space(src, work, a.latency_provider, a.num_requests, sampler,
                                a.population if sampler == "nsga2" else None,
-                               tag=f"s-{tag}", design=d, local=lo)
+                               tag=f"s-{tag}", design=d, local=lo, polish=po)
             n = max(1, round(frac * len(rows)))
             res = [run_one(sp, work / f"run-{tag}-{n}-{s}", n, s, bf, ref) for s in a.seeds]
             fr = [r["hv"] / hv_bf for r in res]
-            print(f"{sampler:8} {design:>6} {local:>6} {n:8d} {statistics.median(fr):10.3f} {min(fr):9.3f} "
+            # the seeds whose best feasible first objective is the brute-force front's best
+            found = sum(r["best"] is not None and math.isclose(r["best"], best[names[0]])
+                        for r in res)
+            print(f"{sampler:8} {design:>6} {local:>6} {polish:>6} {n:8d} "
+                  f"{statistics.median(fr):10.3f} {min(fr):9.3f} "
+                  f"{f'{found}/{len(res)}':>10} "
                   f"{statistics.median(r['rejected'] for r in res):9.0f} "
                   f"{statistics.median(r['repeats'] for r in res):8.0f} "
                   f"{statistics.median(r['wall_s'] for r in res):7.1f}   "

@@ -101,7 +101,8 @@ def test_design_size_defaults(tmp_path):
     assert isinstance(wrapped.base, optuna.samplers.TPESampler)
     assert wrapped.base._n_startup_trials == 10  # it models from right after the design
     assert wrapped.p == 0.5 and wrapped.start_after == 10
-    bare = make_sampler(_space(tmp_path, sampler="tpe", local_search=0), 0, False, 40)
+    assert wrapped.polish_from == 36  # the last tenth of the budget polishes the best
+    bare = make_sampler(_space(tmp_path, sampler="tpe", local_search=0, polish=0), 0, False, 40)
     assert isinstance(bare, optuna.samplers.TPESampler)
     assert isinstance(make_sampler(_space(tmp_path, sampler="random"), 0, False, 40),
                       optuna.samplers.RandomSampler)
@@ -248,3 +249,67 @@ def test_local_search_proposes_untried_feasible_neighbours_of_the_front(tmp_path
         assert near, (t.number, t.params, [u.params for u in front])
         local += 1
     assert local >= 5
+
+
+def _rank_key(t, dirs):
+    return [v * (-1.0 if d == "maximize" else 1.0) for v, d in zip(t.values, dirs)]
+
+
+def test_polish_climbs_from_the_best_feasible_configuration(tmp_path):
+    """With the whole budget after the design polishing, each draw is an untried feasible
+    one-knob neighbour of the best feasible trial before it that still has one (ranked by
+    the objectives in order), so the search ends on a configuration no single untried
+    knob change can beat."""
+    space = _space(tmp_path, sampler="tpe", initial_design=4, local_search=0, polish=1.0,
+                   n_trials=14)
+    s = Driver(space, tmp_path / "out", workers=0, progress=False).run()
+    assert s.rejected == 0 and s.repeats == 0 and s.complete == 14
+    trials = _trials(tmp_path / "out")
+    dirs = [o.direction for o in space.objectives]
+    feasible = {config_key(space, p) for p in feasible_set(space)}
+    moves = ([1, 2, 4], [1, 2, 4], [16, 64, 256], [128, 1024, 4096])
+    polished = 0
+    for t in trials[4:]:
+        before = trials[:t.number]
+        taken = {config_key(space, u.params) for u in before}
+        feas = [u for u in before if u.state == TrialState.COMPLETE
+                and all(v <= 0 for v in u.constraints.values())]
+        ranked = sorted(feas, key=lambda u: (_rank_key(u, dirs), u.number))
+        key = config_key(space, t.params)
+        assert key in feasible and key not in taken
+        for u in ranked:
+            near = []
+            for k, vals in zip(KNOBS, (*moves, [True, False])):
+                base = canonical_params(space, u.params)
+                j = vals.index(base[k])
+                for v in (vals[j - 1:j] + vals[j + 1:j + 2]) if k != "enable_prefix_caching" \
+                        else [not base[k]]:
+                    c = config_key(space, {**base, k: v})
+                    if c in feasible and c not in taken:
+                        near.append(c)
+            if near:
+                assert key in near, (t.number, t.params, u.params)
+                polished += 1
+                break
+    assert polished >= 5
+
+
+def test_inert_knobs_are_those_that_never_changed_a_result(tmp_path):
+    from types import SimpleNamespace
+
+    sampler = make_sampler(_space(tmp_path, sampler="tpe"), 0, False, 40)
+    base = {"tp": 1, "replicas": 1, "max_num_seqs": 64, "max_num_batched_tokens": 1024,
+            "enable_prefix_caching": True}
+
+    def trial(values, **change):
+        return SimpleNamespace(params={**base, **change}, values=values)
+
+    done = [trial([10.0, 2.0]), trial([10.0, 2.0], enable_prefix_caching=False),
+            trial([12.0, 3.0], max_num_seqs=256),
+            trial([12.0, 3.0], max_num_seqs=256, enable_prefix_caching=False),
+            trial([9.0, 1.0], replicas=2)]
+    assert sampler._inert_knobs(done) == {"enable_prefix_caching"}
+    # one comparison where it mattered and the knob is not inert
+    done.append(trial([11.0, 3.0], max_num_seqs=16))
+    done.append(trial([11.5, 3.0], max_num_seqs=16, enable_prefix_caching=False))
+    assert sampler._inert_knobs(done) == set()
