@@ -168,3 +168,99 @@ def test_measured_provider_loads_profiled_bundle_and_simulation_runs(llama_bundl
     table = res.requests_table()
     assert (table["ttft_ns"] > 0).all() and (table["output_tokens"] == [
         r.output_len for r in sorted(wl.all_requests(), key=lambda r: r.rid)]).all()
+
+
+class _FakeCuda:
+    """Just enough of ``torch.cuda`` to run ``_Timer``'s CUDA path on a simulated GPU:
+    a call costs ``kernel_us`` of GPU time, and launched alone (not from a graph) the GPU
+    also waits ``launch_us`` for the host first; events read the simulated clock."""
+
+    def __init__(self, kernel_us: float, launch_us: float, capturable: bool = True) -> None:
+        self.kernel_us, self.launch_us, self.capturable = kernel_us, launch_us, capturable
+        self.clock_us = 0.0
+        self.capturing: list | None = None
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = None
+
+            def record(self) -> None:
+                self.t = cuda.clock_us
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end) -> float:
+                return (end.t - self.t) / 1e3  # ms
+
+        class CUDAGraph:
+            def __init__(self) -> None:
+                self.calls = 0
+
+            def replay(self) -> None:
+                cuda.clock_us += self.calls * cuda.kernel_us
+
+        class _Graph:
+            def __init__(self, graph) -> None:
+                self.graph = graph
+
+            def __enter__(self):
+                cuda.capturing = []
+                return self
+
+            def __exit__(self, *exc):
+                calls, cuda.capturing = cuda.capturing, None
+                if exc[0] is None:
+                    if not cuda.capturable:
+                        raise RuntimeError("operation not permitted when stream is capturing")
+                    self.graph.calls = len(calls)
+                return False
+
+        class _Stream:
+            def wait_stream(self, other) -> None:
+                pass
+
+        class _On:
+            def __init__(self, stream) -> None:
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        self.Event, self.CUDAGraph = Event, CUDAGraph
+        self.graph, self.Stream, self.stream = _Graph, _Stream, _On
+        self.current_stream = _Stream
+
+    def synchronize(self) -> None:
+        pass
+
+    def call(self) -> None:
+        """The function being timed."""
+        if self.capturing is not None:
+            self.capturing.append(1)
+        else:
+            self.clock_us += self.launch_us + self.kernel_us
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_cuda_timer_reports_gpu_time_without_launch_latency(capturable):
+    """On CUDA a sample is a CUDA graph of the call repeated (the GPU's own time, as vLLM's
+    graphs and busy steps run it); a call timed alone between two events would include
+    the host's launch latency (what made profiled steps 1.3-3.2x vLLM's). A call that
+    cannot be captured is timed over the same repeats eagerly, and counted."""
+    from types import SimpleNamespace
+
+    from sim.profiler import _Timer
+
+    cuda = _FakeCuda(kernel_us=4.0, launch_us=20.0, capturable=capturable)
+    timer = _Timer(SimpleNamespace(cuda=cuda), SimpleNamespace(type="cuda"), iterations=3,
+                   warmup=1)
+    us = timer(cuda.call)
+    if capturable:
+        assert us == pytest.approx(4.0) and timer.uncaptured == 0
+    else:
+        assert us == pytest.approx(24.0) and timer.uncaptured == 1
