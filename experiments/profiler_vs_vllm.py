@@ -25,6 +25,11 @@ prefill 16, 64, 256, 1024, 2048 tokens and decode 1x1024, 16x1024, 64x1024, 256x
     Llama-3.1-8B    0.92 0.95 1.11 1.27 1.29 | 1.06 1.06 1.22 1.45 1.35 0.98   median 1.11
     Qwen3-30B-A3B   1.12 1.05 1.05 1.35 1.58 | 1.42 1.38 1.23 1.28 1.32 1.25   median 1.28
 
+and on an H100 SXM (80 GB HBM3), the same day:
+
+    Llama-3.1-8B    0.94 0.94 1.04 1.25 1.30 | 1.10 1.05 1.04 1.19 1.13 1.00   median 1.05
+    Qwen3-30B-A3B   1.20 1.03 1.09 1.33 1.56 | 1.34 1.43 1.15 1.20 1.15 1.27   median 1.20
+
 Left: act_fn (SiLU and the product as two PyTorch kernels over a strided half, vLLM's one
 fused kernel: 1.6-3.2x), prompt attention at 1-2k tokens (FlashAttention-2 here, vLLM 0.19
 runs FlashAttention-3 on Hopper: 1.5-1.9x), decode attention (1.1-1.6x) and the MoE (a
