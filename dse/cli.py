@@ -177,12 +177,36 @@ def cmd_search(a) -> int:
     for line in driver.timing_lines():
         print("  " + line)
     print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
+    if res.pareto:
+        line = _best_neighbourhood_line(out)
+        if line:
+            print(line)
     print(f"Report: {out / 'report.html'}   all trials: {out / 'trials.csv'}   "
           f"configs: {out / 'best'}/")
     print(f"MLflow: dse ui {out}")
     if res.pareto:
         _show(out, console=Console(), limit=10)
     return 0
+
+
+def _best_neighbourhood_line(out: Path) -> str | None:
+    """Whether a single knob change could still beat the best configuration: how many of
+    its one-knob neighbours (that pass the pre-simulation check) the search simulated."""
+    from dse.report import load_study
+    from dse.sampling import best_neighbourhood
+
+    space, study, _ = load_study(out)
+    info = best_neighbourhood(space, study.get_trials(deepcopy=False))
+    if info is None:
+        return None
+    head = f"Best by {space.objectives[0].name}: trial {info['trial']};"
+    n, tried = info["neighbours"], info["tried"]
+    if tried == n:
+        return (f"{head} all {n} of its one-knob neighbours that pass the check were "
+                "simulated, none better: no single knob change improves it")
+    return (f"{head} {tried} of its {n} one-knob neighbours that pass the check were "
+            f"simulated, none better; {n - tried} were not (to search on, rerun with more "
+            "--n-trials: the search resumes)")
 
 
 def cmd_report(a) -> int:

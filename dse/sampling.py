@@ -28,9 +28,10 @@ from dse.space import Space
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DESIGN_ATTR", "covering_size", "design_size", "enqueue_initial_design", "feasible_set",
-           "initial_design", "make_sampler", "polish_share", "refuse_empty_space",
-           "resolved_sampler", "sampler_settings"]
+__all__ = ["DESIGN_ATTR", "Neighbourhood", "best_neighbourhood", "covering_size", "design_size",
+           "enqueue_initial_design", "feasible_set", "initial_design", "make_sampler",
+           "objective_rank", "polish_share", "refuse_empty_space", "resolved_sampler",
+           "sampler_settings"]
 
 #: study user attribute set once the initial design is enqueued (value: its size)
 DESIGN_ATTR = "dse.initial_design"
@@ -232,6 +233,36 @@ def enqueue_initial_design(space: Space, study, n_trials: int, seed: int) -> int
     return added
 
 
+class Neighbourhood:
+    """One-knob moves inside a finite space's feasible set: a knob moved to the next value
+    of its list (numeric knobs) or to any other value (categorical ones)."""
+
+    def __init__(self, space: Space, feasible: list[dict]) -> None:
+        self.key = KeyCache(space)
+        self.feasible = {self.key(f): f for f in feasible}
+        self.values = {k: list(space.knobs[k].finite_values() or [])
+                       for k in space.searched_knobs}
+        self.numeric = {k: all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                               for v in vals) for k, vals in self.values.items()}
+
+    def of(self, params: dict, taken=frozenset()) -> dict[str, tuple[str, dict]]:
+        """The feasible one-knob neighbours of ``params`` whose keys are not in ``taken``:
+        by configuration key, the knob moved and the configuration."""
+        base = {k: params[k] for k in self.values if k in params}
+        cands: dict[str, tuple[str, dict]] = {}
+        for k, vals in self.values.items():
+            if k not in base or base[k] not in vals:
+                continue
+            j = vals.index(base[k])
+            others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
+                      if self.numeric[k] else [v for v in vals if v != base[k]])
+            for v in others:
+                key = self.key({**base, k: v})
+                if key in self.feasible and key not in taken:
+                    cands.setdefault(key, (k, self.feasible[key]))
+        return cands
+
+
 class LocalSearchSampler:
     """Wraps a sampler: after the initial design, a share of the draws (``p``, decided per
     trial number by ``seed``) are one-knob neighbours of the configurations on the current
@@ -257,12 +288,9 @@ class LocalSearchSampler:
         self.start_after = start_after
         #: counted trials from which every draw polishes the best (None: never)
         self.polish_from = polish_from
-        self._key = KeyCache(space)
-        self._feasible = {self._key(f): f for f in feasible}
-        self._values = {k: list(space.knobs[k].finite_values() or [])
-                        for k in space.searched_knobs}
-        self._numeric = {k: all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                for v in vals) for k, vals in self._values.items()}
+        self._near = Neighbourhood(space, feasible)
+        self._key = self._near.key
+        self._values = self._near.values
         self._picked: dict[int, dict] = {}
 
     def __getattr__(self, name):  # anything else Optuna asks of a sampler: the wrapped one
@@ -355,28 +383,11 @@ class LocalSearchSampler:
 
     def _neighbour_of(self, front, weights, taken, rng) -> dict | None:
         for i in rng.choice(len(front), size=len(front), replace=False, p=weights):
-            cands = self._untried_neighbours(front[i].params, taken)
+            cands = self._near.of(front[i].params, taken)
             if cands:
                 keys = sorted(cands)
                 return dict(cands[keys[int(rng.integers(len(keys)))]][1])
         return None
-
-    def _untried_neighbours(self, params: dict, taken: set) -> dict[str, tuple[str, dict]]:
-        """The feasible one-knob neighbours of ``params`` that no trial holds: by
-        configuration key, the knob moved and the configuration."""
-        base = {k: params[k] for k in self._values if k in params}
-        cands: dict[str, tuple[str, dict]] = {}
-        for k, vals in self._values.items():
-            if k not in base or base[k] not in vals:
-                continue
-            j = vals.index(base[k])
-            others = ([vals[m] for m in (j - 1, j + 1) if 0 <= m < len(vals)]
-                      if self._numeric[k] else [v for v in vals if v != base[k]])
-            for v in others:
-                key = self._key({**base, k: v})
-                if key in self._feasible and key not in taken:
-                    cands.setdefault(key, (k, self._feasible[key]))
-        return cands
 
     # ------------------------------------------------------------ polish
     def _polish(self, feas, done, dirs, taken, rng) -> dict | None:
@@ -387,11 +398,10 @@ class LocalSearchSampler:
         comparison so far found inert (``_inert_knobs``) are moved last."""
         if not feas:
             return None
-        signs = [-1.0 if d == "maximize" else 1.0 for d in dirs]
-        ranked = sorted(feas, key=lambda t: ([v * s for v, s in zip(t.values, signs)], t.number))
+        ranked = sorted(feas, key=lambda t: (objective_rank(t.values, dirs), t.number))
         inert = self._inert_knobs(done)
         for t in ranked:
-            cands = self._untried_neighbours(t.params, taken)
+            cands = self._near.of(t.params, taken)
             if not cands:
                 continue
             keys = sorted(k for k, (knob, _) in cands.items() if knob not in inert) or sorted(cands)
@@ -415,6 +425,41 @@ class LocalSearchSampler:
                 if len(outcomes) > 1:
                     (same if len(set(outcomes.values())) == 1 else differ).add(k)
         return same - differ
+
+
+def objective_rank(values, dirs: list[str]) -> list[float]:
+    """Sort key of a trial's objective values, best first: by the objectives in their order
+    (the first decides, ties go to the next)."""
+    return [v * (-1.0 if d == "maximize" else 1.0) for v, d in zip(values, dirs)]
+
+
+def best_neighbourhood(space: Space, trials) -> dict | None:
+    """The best feasible trial (``objective_rank``) and how much of its one-knob
+    neighbourhood the study has tried: ``{"trial", "neighbours", "tried", "untried"}``
+    (the untried configurations). A neighbour tried is never better: the best is the best
+    feasible trial. None where the space cannot be enumerated or no trial is feasible."""
+    from optuna.trial import TrialState
+
+    feasible = feasible_set(space)
+    if not feasible:
+        return None
+    dirs = [o.direction for o in space.objectives]
+    feas = [t for t in trials if t.state == TrialState.COMPLETE and t.values
+            and "repeat_of" not in t.user_attrs
+            and all(v <= 0 for v in (t.constraints or {}).values())]
+    if not feas:
+        return None
+    best = min(feas, key=lambda t: (objective_rank(t.values, dirs), t.number))
+    near = Neighbourhood(space, feasible)
+    tried = set()
+    for t in trials:
+        p = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+        if p:
+            tried.add(near.key(p))
+    around = near.of(best.params)
+    untried = [cfg for k, (_, cfg) in sorted(around.items()) if k not in tried]
+    return {"trial": best.number, "neighbours": len(around),
+            "tried": len(around) - len(untried), "untried": untried}
 
 
 def _contributions(values: np.ndarray, seen: np.ndarray, dirs: list[str]) -> np.ndarray:

@@ -20,6 +20,8 @@ from dse.pool import LocalPool
 from dse.sampling import (
     DESIGN_ATTR,
     LocalSearchSampler,
+    Neighbourhood,
+    best_neighbourhood,
     covering_size,
     design_size,
     enqueue_initial_design,
@@ -292,6 +294,16 @@ def test_polish_climbs_from_the_best_feasible_configuration(tmp_path):
                 polished += 1
                 break
     assert polished >= 5
+    # the search's summary: the best, and how much of its neighbourhood was simulated
+    info = best_neighbourhood(space, trials)
+    feas = [u for u in trials if u.state == TrialState.COMPLETE
+            and all(v <= 0 for v in u.constraints.values())]
+    best = min(feas, key=lambda u: (_rank_key(u, dirs), u.number))
+    taken = {config_key(space, u.params) for u in trials}
+    around = Neighbourhood(space, feasible_set(space)).of(best.params)
+    assert info["trial"] == best.number and info["neighbours"] == len(around) > 0
+    assert info["tried"] == sum(k in taken for k in around)
+    assert [config_key(space, c) for c in info["untried"]] == sorted(set(around) - taken)
 
 
 def test_inert_knobs_are_those_that_never_changed_a_result(tmp_path):
@@ -313,3 +325,23 @@ def test_inert_knobs_are_those_that_never_changed_a_result(tmp_path):
     done.append(trial([11.0, 3.0], max_num_seqs=16))
     done.append(trial([11.5, 3.0], max_num_seqs=16, enable_prefix_caching=False))
     assert sampler._inert_knobs(done) == set()
+
+
+def test_search_summary_says_whether_a_knob_change_could_beat_the_best(tmp_path, capsys):
+    """`dse search` ends with the best configuration's one-knob neighbourhood: all of it
+    simulated (no single knob change improves it) or how much was left."""
+    from dse.cli import main
+
+    space = write_space(tmp_path, knobs=KNOBS, search={"sampler": "tpe", "n_trials": 6,
+                                                       "seed": 0, "polish": 0.5})
+    out = tmp_path / "out"
+    assert main(["search", str(space), "--out", str(out), "--workers", "0",
+                 "--no-progress"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Best by ")]
+    assert len(lines) == 1, lines
+    info = best_neighbourhood(load_space(space), _trials(out))
+    assert f"trial {info['trial']};" in lines[0]
+    if info["tried"] == info["neighbours"]:
+        assert f"all {info['neighbours']} of its one-knob neighbours" in lines[0]
+    else:
+        assert f"{info['tried']} of its {info['neighbours']} one-knob neighbours" in lines[0]
