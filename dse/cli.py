@@ -190,23 +190,10 @@ def cmd_search(a) -> int:
 
 
 def _best_neighbourhood_line(out: Path) -> str | None:
-    """Whether a single knob change could still beat the best configuration: how many of
-    its one-knob neighbours (that pass the pre-simulation check) the search simulated."""
-    from dse.report import load_study
-    from dse.sampling import best_neighbourhood
+    from dse.report import best_neighbourhood_text, load_study
 
     space, study, _ = load_study(out)
-    info = best_neighbourhood(space, study.get_trials(deepcopy=False))
-    if info is None:
-        return None
-    head = f"Best by {space.objectives[0].name}: trial {info['trial']};"
-    n, tried = info["neighbours"], info["tried"]
-    if tried == n:
-        return (f"{head} all {n} of its one-knob neighbours that pass the check were "
-                "simulated, none better: no single knob change improves it")
-    return (f"{head} {tried} of its {n} one-knob neighbours that pass the check were "
-            f"simulated, none better; {n - tried} were not (to search on, rerun with more "
-            "--n-trials: the search resumes)")
+    return best_neighbourhood_text(space, study.get_trials(deepcopy=False))
 
 
 def cmd_report(a) -> int:

@@ -110,8 +110,29 @@ def write_results(space: Space, study, out: Path, latency: dict[int, dict] | Non
         cdf.update(request_tables(out, missing))
     from dse.report_html import render_html
 
-    (out / REPORT).write_text(render_html(space, df, front, exported, cdf))
+    best_note = best_neighbourhood_text(space, study.get_trials(deepcopy=False)) \
+        if len(front) else None
+    (out / REPORT).write_text(render_html(space, df, front, exported, cdf, best_note))
     return {"trials": len(df), "pareto_count": len(front), "exported": len(exported)}
+
+
+def best_neighbourhood_text(space: Space, trials) -> str | None:
+    """Whether a single knob change could still beat the best configuration: how many of
+    its one-knob neighbours (those that pass the pre-simulation check) were simulated
+    (``dse.sampling.best_neighbourhood``); None where that is not known."""
+    from dse.sampling import best_neighbourhood
+
+    info = best_neighbourhood(space, trials)
+    if info is None:
+        return None
+    head = f"Best by {space.objectives[0].name}: trial {info['trial']};"
+    n, tried = info["neighbours"], info["tried"]
+    if tried == n:
+        return (f"{head} all {n} of its one-knob neighbours that pass the check were "
+                "simulated, none better: no single knob change improves it")
+    return (f"{head} {tried} of its {n} one-knob neighbours that pass the check were "
+            f"simulated, none better; {n - tried} were not (to search on, rerun with more "
+            "--n-trials: the search resumes)")
 
 
 def export_best(space: Space, front: pd.DataFrame, best_dir: Path) -> dict[int, dict]:

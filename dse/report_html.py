@@ -315,7 +315,9 @@ def _header(space: Space, df: pd.DataFrame, front: pd.DataFrame) -> list[str]:
 
 
 def render_html(space: Space, df: pd.DataFrame, front: pd.DataFrame, exported: dict,
-                cdf: dict[int, dict] | None = None) -> str:
+                cdf: dict[int, dict] | None = None, best_note: str | None = None) -> str:
+    """The report; ``best_note``: what the search knows of the best configuration's
+    one-knob neighbourhood (``dse.report.best_neighbourhood_text``)."""
     figs: list[tuple[str, Any]] = []
     done = df[(df["state"] == "COMPLETE") & ~df["rejected"]].copy() if len(df) else df
     if len(done) and len(space.objectives) >= 2:
@@ -337,6 +339,8 @@ def render_html(space: Space, df: pd.DataFrame, front: pd.DataFrame, exported: d
         parts.append(div["pareto"])
     parts.append("<h2>The Pareto configurations</h2>")
     if len(front):
+        if best_note:
+            parts.append(f"<p>{html.escape(best_note)}.</p>")
         parts.append(_table(space, front, exported))
         parts.append(_commands(exported))
     else:

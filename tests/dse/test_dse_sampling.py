@@ -329,7 +329,8 @@ def test_inert_knobs_are_those_that_never_changed_a_result(tmp_path):
 
 def test_search_summary_says_whether_a_knob_change_could_beat_the_best(tmp_path, capsys):
     """`dse search` ends with the best configuration's one-knob neighbourhood: all of it
-    simulated (no single knob change improves it) or how much was left."""
+    simulated (no single knob change improves it) or how much was left; so does the
+    report."""
     from dse.cli import main
 
     space = write_space(tmp_path, knobs=KNOBS, search={"sampler": "tpe", "n_trials": 6,
@@ -345,3 +346,4 @@ def test_search_summary_says_whether_a_knob_change_could_beat_the_best(tmp_path,
         assert f"all {info['neighbours']} of its one-knob neighbours" in lines[0]
     else:
         assert f"{info['tried']} of its {info['neighbours']} one-knob neighbours" in lines[0]
+    assert lines[0] in (out / "report.html").read_text()  # the report says it too
