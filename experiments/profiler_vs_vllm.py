@@ -11,8 +11,9 @@ batched-GEMM MoE, each timed as a CUDA graph replay) on a reduced attention grid
 the bundle under ``OUT/bundle/<the card's catalogue name>``.
 
 ``compare`` reads it back and prints, per layer, the simulator's time from the profiled
-bundle (the ``measured`` provider) over the time from aiconfigurator's database of vLLM
-0.19 measured on the same card (the ``aic`` provider), for prefill and decode steps: the
+bundle (the ``measured`` provider) over the time from aiconfigurator's database of vLLM's
+kernels measured on the same card (the ``aic`` provider; its current vLLM database, 0.24.0
+in aiconfigurator-core 0.12.0), for prefill and decode steps: the
 ratio a bundle made with `llmsim profile` carries into a replay. The same comparison for
 LLMServingSim's vLLM-measured RTX PRO 6000 bundles (../shared/data/profiles) reads 0.93-1.07
 per step (median 1.01 for Llama-3.1-8B and 1.02 for Qwen3-32B): vLLM's own kernels timed
@@ -31,7 +32,7 @@ and on an H100 SXM (80 GB HBM3), the same day:
     Qwen3-30B-A3B   1.20 1.03 1.09 1.33 1.56 | 1.34 1.43 1.15 1.20 1.15 1.27   median 1.20
 
 Left: act_fn (SiLU and the product as two PyTorch kernels over a strided half, vLLM's one
-fused kernel: 1.6-3.2x), prompt attention at 1-2k tokens (FlashAttention-2 here, vLLM 0.19
+fused kernel: 1.6-3.2x), prompt attention at 1-2k tokens (FlashAttention-2 here, vLLM
 runs FlashAttention-3 on Hopper: 1.5-1.9x), decode attention (1.1-1.6x) and the MoE (a
 padded batched GEMM against vLLM's fused Triton MoE: 1.1-1.6x). Before (profiler 1.0.0:
 each call timed alone between two CUDA events, decode attention a batched GEMV) the same
