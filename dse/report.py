@@ -127,6 +127,9 @@ def best_neighbourhood_text(space: Space, trials) -> str | None:
         return None
     head = f"Best by {space.objectives[0].name}: trial {info['trial']};"
     n, tried = info["neighbours"], info["tried"]
+    if n == 0:
+        return (f"{head} none of its one-knob neighbours passes the check: no single knob "
+                "change improves it")
     if tried == n:
         return (f"{head} all {n} of its one-knob neighbours that pass the check were "
                 "simulated, none better: no single knob change improves it")

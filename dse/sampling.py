@@ -18,6 +18,7 @@ hypervolume); ``experiments/search_quality.py`` measures each choice.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,9 @@ def feasible_set(space: Space, limit: int = ENUMERATION_LIMIT) -> list[dict] | N
     """One parameter dict (searched knobs only, as :meth:`Space.grid` gives them) per
     distinct configuration that passes :func:`precheck`; None when the space is infinite
     or has more than ``limit`` raw combinations. Cached per space file and digest."""
-    ck = (str(space.path), space.digest, limit)
+    # (the resolved path: `dse search` reads the space as given, relative or not, and its
+    # summary reads it back by the absolute path the study folder records)
+    ck = (str(Path(space.path).resolve()) if space.path else "", space.digest, limit)
     if ck in _FEASIBLE_CACHE:
         return _FEASIBLE_CACHE[ck]
     n = 1
@@ -247,8 +250,11 @@ class Neighbourhood:
 
     def of(self, params: dict, taken=frozenset()) -> dict[str, tuple[str, dict]]:
         """The feasible one-knob neighbours of ``params`` whose keys are not in ``taken``:
-        by configuration key, the knob moved and the configuration."""
+        by configuration key, the knob moved and the configuration. A move of a knob
+        without effect there (the routing policy with one replica) is the configuration
+        itself, not a neighbour."""
         base = {k: params[k] for k in self.values if k in params}
+        own = self.key(base)
         cands: dict[str, tuple[str, dict]] = {}
         for k, vals in self.values.items():
             if k not in base or base[k] not in vals:
@@ -258,7 +264,7 @@ class Neighbourhood:
                       if self.numeric[k] else [v for v in vals if v != base[k]])
             for v in others:
                 key = self.key({**base, k: v})
-                if key in self.feasible and key not in taken:
+                if key != own and key in self.feasible and key not in taken:
                     cands.setdefault(key, (k, self.feasible[key]))
         return cands
 
@@ -435,9 +441,10 @@ def objective_rank(values, dirs: list[str]) -> list[float]:
 
 def best_neighbourhood(space: Space, trials) -> dict | None:
     """The best feasible trial (``objective_rank``) and how much of its one-knob
-    neighbourhood the study has tried: ``{"trial", "neighbours", "tried", "untried"}``
-    (the untried configurations). A neighbour tried is never better: the best is the best
-    feasible trial. None where the space cannot be enumerated or no trial is feasible."""
+    neighbourhood the study has simulated: ``{"trial", "neighbours", "tried", "untried"}``
+    (the configurations not simulated, waiting ones included). A neighbour tried is never
+    better: the best is the best feasible trial. None where the space cannot be enumerated
+    or no trial is feasible."""
     from optuna.trial import TrialState
 
     feasible = feasible_set(space)
@@ -451,11 +458,14 @@ def best_neighbourhood(space: Space, trials) -> dict | None:
         return None
     best = min(feas, key=lambda t: (objective_rank(t.values, dirs), t.number))
     near = Neighbourhood(space, feasible)
+    # simulated: finished trials, less those an interruption ended (their configuration
+    # re-enqueued); a waiting trial (a grid's rest, a design beyond a smaller budget) was not
+    interrupted = {t.user_attrs.get("requeued_from") for t in trials}
     tried = set()
     for t in trials:
-        p = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
-        if p:
-            tried.add(near.key(p))
+        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.params \
+                and t.number not in interrupted:
+            tried.add(near.key(t.params))
     around = near.of(best.params)
     untried = [cfg for k, (_, cfg) in sorted(around.items()) if k not in tried]
     return {"trial": best.number, "neighbours": len(around),

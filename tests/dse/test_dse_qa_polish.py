@@ -1,0 +1,99 @@
+"""QA of the polish and of `dse search`'s summary line on the best's one-knob neighbourhood:
+the line counts only neighbours that are other configurations and that were simulated (not
+the configuration itself through a knob without effect, not a trial still waiting), words
+a best without neighbours plainly, and does not enumerate the space a second time."""
+
+from __future__ import annotations
+
+import optuna
+from dse_testkit import TINY_WORKLOAD, write_space
+from optuna.trial import TrialState
+
+import dse.sampling
+from dse.canonical import config_key
+from dse.cli import main
+from dse.sampling import Neighbourhood, best_neighbourhood, feasible_set
+from dse.space import load_space
+from dse.study import open_storage
+
+
+def _search(tmp_path, capsys, space, *args) -> tuple[str, list]:
+    out = tmp_path / "out"
+    assert main(["search", str(space), "--out", str(out), "--workers", "0", "--no-progress",
+                 *args]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Best by ")]
+    assert len(lines) == 1, lines
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials = optuna.load_study(study_name="t", storage=open_storage(out)).get_trials()
+    return lines[0], trials
+
+
+def test_a_knob_without_effect_does_not_make_the_best_its_own_neighbour(tmp_path, capsys):
+    """With one replica the routing policy has no effect: moving it gives the same
+    configuration, which is not one of its neighbours (before: the best at one replica
+    counted itself, "all 3 of its one-knob neighbours" for its 2)."""
+    path = write_space(tmp_path, workload=TINY_WORKLOAD,
+                       knobs={"tp": [1, 2], "replicas": [1, 2], "routing_policy": ["LOAD", "RR"]},
+                       search={"sampler": "grid", "n_trials": 6, "seed": 0})
+    space = load_space(path)
+    one = {"tp": 1, "replicas": 1, "routing_policy": "LOAD"}
+    around = Neighbourhood(space, feasible_set(space)).of(one)
+    assert config_key(space, one) not in around
+    assert sorted(knob for knob, _ in around.values()) == ["replicas", "tp"]
+    line, trials = _search(tmp_path, capsys, path)
+    best = trials[int(line.split("trial ")[1].split(";")[0])]
+    assert best.params["tp"] == 1 and best.params["replicas"] == 1  # the best per device
+    assert "all 2 of its one-knob neighbours" in line, line
+
+
+def test_the_summary_counts_only_simulated_neighbours(tmp_path, capsys):
+    """`sampler: grid` enqueues the whole grid; with a smaller budget the rest is left
+    waiting, never simulated, and the summary must say so (before: "all 3 of its one-knob
+    neighbours ... were simulated" with two of them waiting)."""
+    path = write_space(tmp_path, workload=TINY_WORKLOAD,
+                       knobs={"tp": [1, 2, 4], "replicas": [1, 2, 4],
+                              "max_num_seqs": [16, 64, 256]},
+                       search={"sampler": "grid", "n_trials": 8, "seed": 0})
+    space = load_space(path)
+    line, trials = _search(tmp_path, capsys, path)
+    info = best_neighbourhood(space, trials)
+    best = trials[info["trial"]]
+    simulated = {config_key(space, t.params) for t in trials if t.state == TrialState.COMPLETE}
+    around = Neighbourhood(space, feasible_set(space)).of(best.params)
+    assert info["tried"] == sum(k in simulated for k in around)
+    waiting = {config_key(space, t.system_attrs["fixed_params"]) for t in trials
+               if t.state == TrialState.WAITING}
+    assert any(k in waiting for k in around)  # the case this test is about
+    assert info["tried"] < info["neighbours"] == len(around)
+    assert (f"{info['tried']} of its {info['neighbours']} one-knob neighbours that pass the "
+            f"check were simulated") in line, line
+    assert f"{info['neighbours'] - info['tried']} were not" in line
+
+
+def test_a_best_without_neighbours_is_worded_plainly(tmp_path, capsys):
+    """One device: a single configuration passes the check (before: "all 0 of its
+    one-knob neighbours that pass the check were simulated")."""
+    path = write_space(tmp_path, workload=TINY_WORKLOAD,
+                       budget={"total_devices": 1, "devices_per_node": 1},
+                       knobs={"tp": [1, 2], "replicas": [1, 2]},
+                       search={"sampler": "auto", "n_trials": 4, "seed": 0})
+    line, _ = _search(tmp_path, capsys, path)
+    assert "all 0" not in line
+    assert line.endswith("none of its one-knob neighbours passes the check: no single knob "
+                         "change improves it"), line
+
+
+def test_the_summary_does_not_enumerate_the_space_again(tmp_path, capsys, monkeypatch):
+    """The feasible set is enumerated once per process: the search reads the space by the
+    path given (relative here), the summary by the absolute one the study folder records
+    (before: a second enumeration at the end, ~20 s on a space of 100,000 combinations)."""
+    path = write_space(tmp_path, workload=TINY_WORKLOAD,
+                       knobs={"tp": [1, 2], "replicas": [1, 2], "max_num_seqs": [16, 64]},
+                       search={"sampler": "auto", "n_trials": 3, "seed": 0})
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    real = dse.sampling.precheck
+    monkeypatch.setattr(dse.sampling, "precheck", lambda *a: calls.append(1) or real(*a))
+    _search(tmp_path, capsys, path.name)
+    distinct = len({config_key(load_space(path), p) for p in load_space(path).grid()})
+    assert len(calls) == distinct
