@@ -83,9 +83,10 @@ def pareto_frame(space: Space, df: pd.DataFrame) -> pd.DataFrame:
     mask = M.pareto_mask(feas[names].to_numpy(float), [o.direction for o in space.objectives])
     front = feas[mask].copy()
     front["repeats"] = front["config"].map(repeats).astype(int)
-    o = space.objectives[0]
-    return front.sort_values([o.name, "trial"], ascending=[o.direction == "minimize", True]) \
-        .reset_index(drop=True)
+    # best first by the objectives in their order (the first decides, ties go to the next:
+    # dse.sampling.objective_rank, the summary's and the polish's best), then trial number
+    return front.sort_values([*names, "trial"], ascending=[
+        *(o.direction == "minimize" for o in space.objectives), True]).reset_index(drop=True)
 
 
 def write_results(space: Space, study, out: Path, latency: dict[int, dict] | None = None,

@@ -97,3 +97,36 @@ def test_the_summary_does_not_enumerate_the_space_again(tmp_path, capsys, monkey
     _search(tmp_path, capsys, path.name)
     distinct = len({config_key(load_space(path), p) for p in load_space(path).grid()})
     assert len(calls) == distinct
+
+
+def test_the_reports_best_is_the_summarys_with_three_objectives(tmp_path):
+    """The summary's best (and the polish's) is the best feasible trial by the objectives
+    in their order; the report lists the front in that order too, so its first row is the
+    same trial (before: sorted by the first objective alone, then by trial number, a tie
+    on the first went to the earlier trial even where the later one was better by the
+    second)."""
+    import pandas as pd
+
+    from dse.report import pareto_frame
+    from dse.sampling import objective_rank
+
+    objectives = [{"name": "devices_used", "direction": "minimize"},
+                  {"name": "throughput_per_device", "direction": "maximize"},
+                  {"name": "p99_ttft", "direction": "minimize"}]
+    space = load_space(write_space(tmp_path, objectives=objectives,
+                                   knobs={"tp": [1, 2], "max_num_seqs": [16, 64, 256]}))
+    rows = []
+    for i, (params, dev, thr, ttft) in enumerate([({"tp": 1, "max_num_seqs": 16}, 1, 900, 20),
+                                                  ({"tp": 1, "max_num_seqs": 64}, 1, 1200, 30),
+                                                  ({"tp": 2, "max_num_seqs": 64}, 2, 1500, 10)]):
+        p = space.complete(params)
+        rows.append({"trial": i, "state": "COMPLETE", "config": config_key(space, p), **p,
+                     "devices_used": dev, "throughput_per_device": thr, "p99_ttft": ttft,
+                     "feasible": True, "rejected": False, "reason": ""})
+    front = pareto_frame(space, pd.DataFrame(rows))
+    assert len(front) == 3  # each better than the others in something
+    dirs = [o["direction"] for o in objectives]
+    names = [o["name"] for o in objectives]
+    best = min(rows, key=lambda r: (objective_rank([r[n] for n in names], dirs), r["trial"]))
+    assert best["trial"] == 1
+    assert list(front["trial"]) == [1, 0, 2]
