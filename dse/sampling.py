@@ -558,5 +558,9 @@ def sampler_settings(space: Space, seed: int, deterministic: bool,
         d["initial_design"] = design_size(space, n_trials or s.n_trials, seed)
         if feasible_set(space) is not None:
             d["local_search"] = local_search_share(space)
-            d["polish_trials"] = round(polish_share(space) * (n_trials or s.n_trials))
+            # the polish follows the design (LocalSearchSampler.start_after): a budget
+            # the design fills has none
+            n = n_trials or s.n_trials
+            d["polish_trials"] = max(0, min(round(polish_share(space) * n),
+                                            n - d["initial_design"]))
     return d

@@ -130,3 +130,26 @@ def test_the_reports_best_is_the_summarys_with_three_objectives(tmp_path):
     best = min(rows, key=lambda r: (objective_rank([r[n] for n in names], dirs), r["trial"]))
     assert best["trial"] == 1
     assert list(front["trial"]) == [1, 0, 2]
+
+
+def test_the_recorded_polish_is_what_follows_the_design(tmp_path):
+    """The design runs first and the polish only after it: a budget the design fills (the
+    default NSGA-II population is 16) polishes nothing, and the study's settings (study.json,
+    MLflow's sampler.polish_trials) say so (before: polish_trials 12 beside initial_design
+    12 in a budget of 12)."""
+    from dse.sampling import design_size, make_sampler, sampler_settings
+
+    space = load_space(write_space(tmp_path, knobs={"tp": [1, 2, 4], "replicas": [1, 2, 4],
+                                                    "max_num_seqs": [16, 64, 256]},
+                                   search={"sampler": "auto", "n_trials": 12, "polish": 1}))
+    s = sampler_settings(space, 0, False, 12)
+    assert s["initial_design"] == design_size(space, 12) == 12
+    assert s["polish_trials"] == 0
+    sampler = make_sampler(space, 0, False, 12)
+    assert sampler.start_after == 12  # no draw of the 12 is the sampler's, none polishes
+    assert sampler_settings(space, 0, False, 20)["polish_trials"] == 4  # 20 - a design of 16
+    half = load_space(write_space(tmp_path, "half.yaml",
+                                  knobs={"tp": [1, 2, 4], "replicas": [1, 2, 4],
+                                         "max_num_seqs": [16, 64, 256]},
+                                  search={"sampler": "auto", "n_trials": 40, "polish": 0.25}))
+    assert sampler_settings(half, 0, False, 40)["polish_trials"] == 10
