@@ -123,8 +123,8 @@ class Search(Section):
                           "(default 0.5; 0: none)")
     polish: num(minimum=0, maximum=1) = Field(
         None, description="share of n_trials, at the end of the budget, spent on one-knob "
-                          "neighbours of the best feasible configurations by the first "
-                          "objective (default 0.1; 0: none)")
+                          "neighbours of the best feasible configurations by the objectives "
+                          "in their order (default 0.1; 0: none)")
 
 
 class Workload(Section):
