@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import InputError, unknown_name
+from sim.errors import MAX_NUMBER, InputError, unknown_name
 from sim.paths import profiles_root, shared_data_root
 
 _REQUIRED = {
@@ -142,6 +142,9 @@ def parse_pim_ini(path: str | Path) -> PimDevice:
         if not math.isfinite(f) or (kind is int and not f.is_integer()):
             what = "an integer" if kind is int else "a finite number"
             raise InputError(f"[{section}] {key} must be {what}, got {raw!r}",
+                             source=str(path))
+        if f > MAX_NUMBER:  # finite but absurd: the derived bandwidths overflow a float
+            raise InputError(f"[{section}] {key} must be at most 1e15, got {raw!r}",
                              source=str(path))
         v = kind(f)
         if v <= 0 and key not in ("AL",):

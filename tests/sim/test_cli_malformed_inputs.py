@@ -240,6 +240,16 @@ PIM_CASES = [
      ["[system] channels", "'1.5'"]),
     ("key-twice", GOOD_PIM.replace("[timing]\n", "[timing]\ntCK = 2\n").encode(),
      ["malformed PIM config", "already exists"]),
+    # finite but absurd: the device's bandwidth and row sizes overflowed a float in the
+    # first attention step (ZeroDivisionError / OverflowError tracebacks)
+    ("tck-1e308", GOOD_PIM.replace("tCK = 1.0", "tCK = 1e308").encode(),
+     ["[timing] tCK", "at most 1e15", "'1e308'"]),
+    ("columns-1e308", GOOD_PIM.replace("columns = 64", "columns = 1e308").encode(),
+     ["[dram_structure] columns", "at most 1e15"]),
+    ("channels-2-64", GOOD_PIM.replace("channels = 8", f"channels = {2**64}").encode(),
+     ["[system] channels", "at most 1e15", str(2**64)]),
+    ("tccd-l-1e308", GOOD_PIM.replace("tRP = 14", "tRP = 14\ntCCD_L = 1e308").encode(),
+     ["[timing] tCCD_L", "at most 1e15"]),
 ]
 
 
