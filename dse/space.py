@@ -601,10 +601,12 @@ def _parse_workload(raw: Any, base_dir: Path, model=None) -> dict:
 def _workload_file(raw_path: Any, limit: int | None, base_dir: Path, model=None) -> dict:
     if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
         raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
+    from sim.paths import exists, is_file
+
     p = Path(raw_path)
     if not p.is_absolute():
-        p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
-    if not p.is_file():
+        p = (base_dir / p) if exists(base_dir / p) else p.resolve()
+    if not is_file(p):
         raise InputError(f"workload.file: no such file {str(p)!r}")
     import sim
 

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from sim.errors import InputError, unique_keys, unknown_name
-from sim.paths import profiles_root
+from sim.paths import is_dir, is_file, profiles_root
 from sim.yamlio import load_yaml_files
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
@@ -513,9 +513,9 @@ def load_model(name_or_path: str, source: str | None = None) -> ModelSpec:
     if name_or_path in cat:
         return cat[name_or_path]
     p = Path(name_or_path)
-    if p.suffix == ".json" and p.is_file():
+    if p.suffix == ".json" and is_file(p):
         return from_hf_config(p)
-    if p.is_dir() and (p / "config.json").is_file():
+    if is_dir(p) and is_file(p / "config.json"):
         return from_hf_config(p / "config.json", name=p.name)
     raise unknown_name("model", name_or_path, known_models(), source)
 

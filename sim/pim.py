@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import MAX_NUMBER, InputError, unknown_name
-from sim.paths import profiles_root, shared_data_root
+from sim.paths import is_dir, is_file, profiles_root, shared_data_root
 
 _REQUIRED = {
     "dram_structure": ("bankgroups", "banks_per_group", "columns", "device_width", "BL"),
@@ -181,7 +181,7 @@ def resolve_pim(name_or_path: str, source: str | None = None) -> Path:
     Only the name is checked here (LLMServingSim reads the file only with attention
     offloading on; :func:`load_pim` parses it then)."""
     p = Path(name_or_path)
-    if p.suffix == ".ini" and p.is_file():
+    if p.suffix == ".ini" and is_file(p):
         return p
     known = {}
     for d in pim_search_dirs():
@@ -190,7 +190,7 @@ def resolve_pim(name_or_path: str, source: str | None = None) -> Path:
     stem = p.stem if p.suffix == ".ini" else name_or_path
     if stem not in known:
         if p.suffix == ".ini" or len(p.parts) > 1:
-            why = "is a folder" if p.is_dir() else "no such file"
+            why = "is a folder" if is_dir(p) else "no such file"
             raise InputError(f"{name_or_path!r}: {why}; give the path of a DRAMSim3 .ini "
                              "file (relative to the working folder) or one of the names "
                              + (", ".join(sorted(known)) or "(none)"), source=source)

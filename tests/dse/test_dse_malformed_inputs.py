@@ -57,6 +57,17 @@ def test_space_file_workload_refused(tmp_path, line, needles, capsys, monkeypatc
     assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
 
 
+def test_space_workload_file_name_longer_than_a_file_name(tmp_path, capsys, monkeypatch):
+    """A workload.file of 300 characters was "dse: error: .../AAA...: File name too long",
+    naming neither the space file nor the field."""
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "workload": {"file": "A" * 300}}))
+    line = assert_one_line(capsys, main(["check", str(p)]),
+                           [str(p), "workload.file: no such file"])
+    assert "File name too long" not in line
+
+
 # (id, the space file's text, needles)
 SPACE_CASES = [
     ("top-level-key-twice", _TEXT + "name: other\n", ["'name' appears twice", "lines 1 and"]),

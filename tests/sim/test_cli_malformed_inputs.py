@@ -304,6 +304,41 @@ def test_pim_config_naming_no_file_refused_at_load(d, tmp_path, name, needles, o
                                            "nodes[0].cpu_mem.pim_config", *needles])
 
 
+# A name longer than a file name may be (255 bytes) made the probe for a file of that name
+# raise: "llmsim: error: AAAA...: File name too long", naming neither the cluster file, the
+# field nor what is allowed (the hardware's: the bundle path it was looked up under).
+_LONG = "A" * 300
+
+
+@pytest.mark.parametrize("edit,needles", [
+    (lambda c: c["nodes"][0]["instances"][0].update(model_name=_LONG),
+     ["unknown model", "meta-llama/Llama-3.1-8B"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(model_name=_LONG + ".json"),
+     ["unknown model", "meta-llama/Llama-3.1-8B"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(hardware=_LONG),
+     ["instance 0", "unknown hardware", "H100-SXM"]),
+    (lambda c: c["nodes"][0]["cpu_mem"].update(pim_config=_LONG + ".ini"),
+     ["nodes[0].cpu_mem.pim_config", "no such file", "DDR4_8GB_3200_pim"]),
+], ids=["model-name", "model-name-json", "hardware", "pim-config-ini"])
+def test_name_longer_than_a_file_name_is_unknown(d, tmp_path, edit, needles, capsys):
+    # (an unknown hardware is found when the latency provider is built, before any step)
+    c = cluster_dict(300)
+    edit(c)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    line = assert_one_line(capsys, rc, "llmsim", [str(tmp_path / "c.json"), *needles])
+    assert "File name too long" not in line
+
+
+def test_bench_model_longer_than_a_file_name_is_unknown(capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    rc = main(["bench", "--model", _LONG, "--hardware", "H100-SXM", "--num-prompts", "3"])
+    line = assert_one_line(capsys, rc, "llmsim", ["--model", "unknown model",
+                                                  "meta-llama/Llama-3.1-8B"])
+    assert "File name too long" not in line
+
+
 def test_pim_config_by_name_or_path_still_loads(tmp_path):
     from sim.cluster import load_cluster
 
@@ -371,6 +406,9 @@ BENCH_CASES = [
     ("output-len-past-int32", ["--random-output-len", str(2**63)],
      ["--random-output-len", "1..2147483647"]),
     ("profiles-missing", ["--profiles", "/nonexistent/profiles"], ["--profiles", "no such folder"]),
+    # (was "llmsim: error: /tmp/AAA...: File name too long", no flag named)
+    ("profiles-name-too-long", ["--profiles", "/tmp/" + "A" * 300],
+     ["--profiles", "no such folder"]),
     ("block-size-7", ["--block-size", "7"], ["block_size 7", "allowed"]),
     ("budget-below-max-seqs", ["--max-num-batched-tokens", "8"],
      ["max_num_batched_tokens (8)", "max_num_seqs (1024)"]),   # H100: vllm serve's default
