@@ -366,6 +366,13 @@ COMPARE_CASES = [
      ["'mean_ttft_ms' must be a number", "'x'"]),
     ("metric-a-bool", b'{"mean_ttft_ms": true, "completed": 5}',
      ["'mean_ttft_ms' must be a number", "True"]),
+    # a negative or infinite latency, count or throughput was compared as any other value
+    ("metric-negative", b'{"mean_ttft_ms": -10.0, "completed": 5}',
+     ["'mean_ttft_ms' must be a finite number >= 0", "-10.0"]),
+    ("metric-infinity", b'{"mean_ttft_ms": Infinity, "completed": 5}',
+     ["'mean_ttft_ms' must be a finite number >= 0", "inf"]),
+    ("metric-1e308", b'{"request_throughput": 1e308, "completed": 5}',
+     ["'request_throughput' must be a finite number >= 0", "<= 1e15"]),
     ("jsonl-line-2-broken", (_req() + "\n{bad\n").encode(), ["line 2", "malformed JSON"]),
     ("jsonl-bool-count", _req(output_toks=True).encode(), ["line 1", "output_toks"]),
     ("jsonl-nan-timestamp", _req(first_token_ts=float("nan")).encode(),
