@@ -843,6 +843,13 @@ def test_cluster_key_given_twice_is_refused(d, tmp_path, suffix, capsys, monkeyp
     assert_one_line(capsys, rc, "llmsim", ["'max_num_seqs' appears twice"])
 
 
+def test_load_cluster_path_with_a_nul_byte_is_an_input_error(tmp_path):
+    """sim.load_cluster (the README's library entry) raised ValueError('embedded null
+    byte') where sim.load_jsonl gave an InputError."""
+    with pytest.raises(sim.InputError, match="cannot read cluster config: embedded null byte"):
+        sim.load_cluster(str(tmp_path / "c\x00.json"))
+
+
 def test_cluster_yaml_syntax_error_names_the_line(d, tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("num_nodes: 1\nnodes:\n\t- x\n")
     rc = main(["run", "--cluster", str(tmp_path / "c.yaml"), "--dataset", str(d / "w.jsonl"),
