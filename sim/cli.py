@@ -74,6 +74,11 @@ def _check_run_flags(args) -> None:
 def _side_files(args) -> tuple[str, str]:
     """The summary JSON and time-series CSV ``llmsim run`` writes: as given, or by default
     beside ``--output`` (``<output>.summary.json``, ``<output>.timeseries.csv``)."""
+    for flag, path in (("--output", args.output), ("--summary", args.summary),
+                       ("--timeseries", args.timeseries)):
+        if path is not None and not Path(path).name:  # '', '.', '/'
+            raise InputError(f"{flag} {path!r} names no file (empty, or a folder); give a "
+                             "file path")
     stem = str(Path(args.output).with_suffix(""))
     return (args.summary or stem + ".summary.json",
             args.timeseries or stem + ".timeseries.csv")

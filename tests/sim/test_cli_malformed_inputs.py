@@ -407,6 +407,9 @@ BENCH_CASES = [
     ("burstiness-nan", ["--request-rate", "5", "--burstiness", "nan"],
      ["--burstiness", "finite number > 0", "nan"]),
     ("burstiness-inf", ["--request-rate", "5", "--burstiness", "inf"], ["--burstiness"]),
+    # at the default infinite rate it was ignored (vLLM's get_request asserts it first)
+    ("burstiness-negative-at-infinite-rate", ["--burstiness", "-1"],
+     ["--burstiness", "finite number > 0", "-1"]),
     ("rate-overflows-the-clock", ["--request-rate", "1e-300"],
      ["--request-rate 1e-300", "146 years"]),
     ("seed-negative", ["--seed", "-1"], ["--seed", ">= 0"]),
@@ -427,6 +430,9 @@ BENCH_CASES = [
     ("metric-percentiles-nan", ["--metric-percentiles", "nan"], ["--metric-percentiles"]),
     ("percentile-metrics-unknown", ["--percentile-metrics", "foo"], ["foo", "ttft, tpot"]),
     ("num-prompts-past-memory", ["--num-prompts", str(2**40)], ["out of memory"]),
+    # (a ValueError traceback from numpy: "Maximum allowed dimension exceeded")
+    ("num-prompts-past-an-array", ["--num-prompts", str(2**64)],
+     ["--num-prompts 18446744073709551616", "out of memory"]),
     # parallelism past what one node of the hardware holds (-dp 100000 built 100,000
     # instances for minutes, -pp past the layers simulated stages without a layer)
     ("dp-past-the-node", ["-dp", "100000"],
