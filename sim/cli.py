@@ -322,6 +322,7 @@ def _profile(args) -> int:
     except ImportError as exc:
         raise InputError(f"the profiler is unavailable: {exc}") from None
     model = load_model(args.model, source="--model")
+    writable_dir(args.out, "--out", " to file the bundle under")
     path = profile_bundle(model, args.hardware, Path(args.out), tp_degrees=tuple(args.tp),
                           device=args.device, iterations=args.iterations, tiny=args.tiny)
     print(f"wrote bundle {path}")

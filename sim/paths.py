@@ -50,6 +50,8 @@ def writable_dir(path: str | Path, flag: str, purpose: str = "") -> Path:
     be created or written (checked by writing, as permission bits say little to root)."""
     from sim.errors import InputError
 
+    if not str(path):  # Path('') is the working folder
+        raise InputError(f"{flag} '' is empty; give a folder{purpose}")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise InputError(f"{flag} {str(p)!r} is a file; give a folder{purpose}")
