@@ -502,6 +502,9 @@ def check_profile_dirs(dirs) -> None:
     from sim.paths import is_dir
 
     for d in dirs:
+        if not str(d):  # Path('') is the working folder
+            raise InputError("--profiles '' is empty; give a folder of profile bundles "
+                             "(<HW>/<org>/<model>/<variant>/)")
         if not is_dir(d):
             raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
                              "<HW>/<org>/<model>/<variant>/)")

@@ -419,6 +419,7 @@ BENCH_CASES = [
     # (was "llmsim: error: /tmp/AAA...: File name too long", no flag named)
     ("profiles-name-too-long", ["--profiles", "/tmp/" + "A" * 300],
      ["--profiles", "no such folder"]),
+    ("profiles-empty", ["--profiles", ""], ["--profiles ''", "give a folder"]),  # was '.'
     ("block-size-7", ["--block-size", "7"], ["block_size 7", "allowed"]),
     ("budget-below-max-seqs", ["--max-num-batched-tokens", "8"],
      ["max_num_batched_tokens (8)", "max_num_seqs (1024)"]),   # H100: vllm serve's default
