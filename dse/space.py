@@ -639,10 +639,10 @@ def _parse_objectives(raw: Any) -> tuple[Objective, ...]:
             name, direction = o.name, o.direction
         else:
             raise InputError(f"{where}: an objective name or {{name, direction}}")
-        if name not in OBJECTIVES:
+        if not isinstance(name, str) or name not in OBJECTIVES:
             raise InputError(f"{where}: unknown objective {name!r}; allowed: {_allowed(OBJECTIVES)}")
-        direction = direction or OBJECTIVES[name]
-        if direction not in ("minimize", "maximize"):
+        direction = OBJECTIVES[name] if direction is None else direction
+        if not isinstance(direction, str) or direction not in ("minimize", "maximize"):
             raise InputError(f"{where}.direction: unknown value {direction!r}; allowed: "
                              "minimize, maximize")
         if any(o.name == name for o in out):

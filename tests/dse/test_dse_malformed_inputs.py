@@ -108,6 +108,19 @@ SPACE_CASES = [
      ["input", "'high' must be <= 2147483647", "1000000000000"]),
     ("generate-fixed-10e12", yaml.safe_dump(_gen(output=10**12)),
      ["output", "'value' must be <= 2147483647"]),
+    # an objective's name a list or mapping: TypeError (unhashable) traceback
+    ("objective-name-a-list", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": ["p99_ttft"]}]}), ["objectives[0]", "unknown objective", "['p99_ttft']",
+                                    "throughput_per_device"]),
+    ("objective-name-a-mapping", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": {"a": 1}}]}), ["objectives[0]", "unknown objective"]),
+    # a direction that is false, empty or 0 took the objective's default
+    ("objective-direction-false", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": "p99_ttft", "direction": False}]}),
+     ["objectives[0].direction", "False", "minimize, maximize"]),
+    ("objective-direction-empty", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": "p99_ttft", "direction": ""}]}),
+     ["objectives[0].direction", "minimize, maximize"]),
 ]
 
 
