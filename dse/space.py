@@ -525,7 +525,7 @@ def _attainment(a) -> Attainment | None:
 
 
 def _parse_knobs(kraw: Any, hw_list: list[str]) -> dict[str, Domain]:
-    kraw = kraw or {}
+    kraw = {} if kraw is None else kraw
     if not isinstance(kraw, dict):
         raise InputError(f"knobs: must be a mapping of knob -> domain; knobs: {_allowed(KNOBS)}")
     knobs: dict[str, Domain] = {}

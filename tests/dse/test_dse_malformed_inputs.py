@@ -121,6 +121,13 @@ SPACE_CASES = [
     ("objective-direction-empty", yaml.safe_dump({**BASE_SPACE, "objectives": [
         {"name": "p99_ttft", "direction": ""}]}),
      ["objectives[0].direction", "minimize, maximize"]),
+    # knobs given as [], false or "" searched nothing (taken as no knobs)
+    ("knobs-an-empty-list", yaml.safe_dump({**BASE_SPACE, "knobs": []}),
+     ["knobs: must be a mapping of knob -> domain", "max_num_seqs"]),
+    ("knobs-false", yaml.safe_dump({**BASE_SPACE, "knobs": False}),
+     ["knobs: must be a mapping of knob -> domain"]),
+    ("knobs-empty-string", yaml.safe_dump({**BASE_SPACE, "knobs": ""}),
+     ["knobs: must be a mapping of knob -> domain"]),
 ]
 
 
