@@ -153,6 +153,28 @@ def test_good_model_config_still_loads(tmp_path):
     assert spec.tie_word_embeddings is False
 
 
+# A catalogue entry (profiles/models/*.yaml): a misspelt optional field was ignored (here
+# num_key_value_head: the KV heads defaulted to the attention heads, 4x the KV cache), and
+# aliases given as {}, false, 0 or "" read as none.
+@pytest.mark.parametrize("change,needles", [
+    ({"num_key_value_head": 8}, ["unknown field 'num_key_value_head'", "num_key_value_heads",
+                                 "weight_block_size"]),
+    ({"aliases": {}}, ["'aliases' must be a list of names", "{}"]),
+    ({"aliases": False}, ["'aliases' must be a list of names", "False"]),
+    ({"aliases": ""}, ["'aliases' must be a list of names"]),
+], ids=["misspelt-field", "aliases-a-mapping", "aliases-false", "aliases-empty-string"])
+def test_model_catalogue_entry_refused(change, needles):
+    from sim.model import _from_mapping
+
+    spec = yaml.safe_load((REPO / "profiles/models/Llama-3.1-8B.yaml").read_text())
+    with pytest.raises(sim.InputError) as exc:
+        _from_mapping({**spec, **change}, "m.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("m.yaml: ") and "\n" not in msg, msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
 # ------------------------------------------------------------------- profile bundles
 def _edit(name, fn):
     def m(v):
