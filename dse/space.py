@@ -511,7 +511,8 @@ def _cluster_defaults(c) -> dict:
 
 def _slo(s, data: dict) -> dict[str, float]:
     given = data.get("slo") or {}
-    return {k: getattr(s, k) for k in SLO_KEYS if k in given}
+    # (null is no limit, as it is the default for every other field)
+    return {k: getattr(s, k) for k in SLO_KEYS if k in given and getattr(s, k) is not None}
 
 
 def _attainment(a) -> Attainment | None:

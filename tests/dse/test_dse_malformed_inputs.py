@@ -332,6 +332,22 @@ def test_base_space_is_valid(tmp_path, capsys):
     assert main(["check", str(p)]) == 0, capsys.readouterr().err
 
 
+def test_null_slo_is_no_limit(tmp_path, capsys):
+    """An SLO given as null is no limit, as null is for every field of a space: it was kept
+    as a limit of None, and every trial failed (TypeError: float / NoneType) and the report
+    with it ('unsupported format string passed to NoneType.__format__'), exit 0."""
+    from dse.space import load_space
+
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "slo": {"p99_ttft_ms": None, "p99_tpot_ms": 30},
+                                 "search": {"sampler": "grid", "n_trials": 1, "seed": 0}}))
+    assert load_space(p).slo == {"p99_tpot_ms": 30}
+    assert main(["search", str(p), "--out", str(tmp_path / "o"), "--workers", "0",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "failed" not in out.err and "1 trials simulated" in out.out + out.err, out
+
+
 # ------------------------------------------------------------ SIGTERM during a search
 def test_sigterm_stops_a_search_cleanly_and_it_resumes(tmp_path):
     """SIGTERM ends ``dse search`` as Ctrl-C does (exit 130, one line saying how to
