@@ -231,6 +231,21 @@ def test_show_on_a_damaged_study_json(study, tmp_path, capsys):
     assert_one_line(capsys, main(["show", str(copy_)]), ["study.json", "not a readable"])
 
 
+@pytest.mark.parametrize("field,value", [("objectives", None), ("objectives", True),
+                                         ("directions", 5), ("directions", [["maximize"]]),
+                                         ("objectives", [{"a": 1}, "p99_ttft"])])
+def test_show_on_a_study_json_with_broken_names(study, tmp_path, capsys, field, value):
+    """study.json's objectives or directions not a list of names: a TypeError traceback
+    ('NoneType' object is not iterable, unhashable type: 'list')."""
+    _, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    meta = json.loads((copy_ / "study.json").read_text())
+    (copy_ / "study.json").write_text(json.dumps({**meta, field: value}))
+    assert_one_line(capsys, main(["show", str(copy_)]),
+                    [str(copy_ / "study.json"), f"'{field}' must be a list of names"])
+
+
 def test_search_resume_on_a_corrupt_journal_exits_2_and_keeps_it(study, tmp_path, capsys):
     space, out = study
     copy_ = tmp_path / "copy"
