@@ -234,8 +234,8 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
     if df.empty:
         console.print(f"[yellow]{path}: no {'trials' if show_all else 'feasible Pareto trials'}")
         return 0
-    objs = meta.get("objectives", [])
-    dirs = dict(zip(objs, meta.get("directions", [])))
+    objs = _meta_names(meta, "objectives", out)
+    dirs = dict(zip(objs, _meta_names(meta, "directions", out)))
     from dse.space import KNOB_ORDER
     knobs = [c for c in KNOB_ORDER if c in df.columns
              and (df[c].nunique() > 1 or c in ("tp", "replicas"))]
@@ -264,6 +264,17 @@ def _show(out: Path, console=None, limit: int | None = None, show_all: bool = Fa
         t.add_row(*cells)
     console.print(t)
     return 0
+
+
+def _meta_names(meta: dict, key: str, out: Path) -> list[str]:
+    """study.json's ``key`` (objectives, directions): a list of names, or InputError."""
+    from dse.store import STUDY_JSON
+
+    v = meta.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise InputError(f"{out / STUDY_JSON}: field {key!r} must be a list of names, got "
+                         f"{v!r}; rerun the search with --fresh to start over")
+    return v
 
 
 _SHORT = {"throughput_per_device": "tok/s/dev", "goodput_per_device": "good tok/s/dev",

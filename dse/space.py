@@ -514,7 +514,8 @@ def _cluster_defaults(c) -> dict:
 
 def _slo(s, data: dict) -> dict[str, float]:
     given = data.get("slo") or {}
-    return {k: getattr(s, k) for k in SLO_KEYS if k in given}
+    # (null is no limit, as it is the default for every other field)
+    return {k: getattr(s, k) for k in SLO_KEYS if k in given and getattr(s, k) is not None}
 
 
 def _attainment(a) -> Attainment | None:
@@ -528,7 +529,7 @@ def _attainment(a) -> Attainment | None:
 
 
 def _parse_knobs(kraw: Any, hw_list: list[str]) -> dict[str, Domain]:
-    kraw = kraw or {}
+    kraw = {} if kraw is None else kraw
     if not isinstance(kraw, dict):
         raise InputError(f"knobs: must be a mapping of knob -> domain; knobs: {_allowed(KNOBS)}")
     knobs: dict[str, Domain] = {}
@@ -605,10 +606,12 @@ def _parse_workload(raw: Any, base_dir: Path, model=None) -> dict:
 def _workload_file(raw_path: Any, limit: int | None, base_dir: Path, model=None) -> dict:
     if not isinstance(raw_path, str) or not raw_path or "\0" in raw_path:
         raise InputError(f"workload.file: a path to a JSONL trace, got {raw_path!r}")
+    from sim.paths import exists, is_file
+
     p = Path(raw_path)
     if not p.is_absolute():
-        p = (base_dir / p) if (base_dir / p).exists() else p.resolve()
-    if not p.is_file():
+        p = (base_dir / p) if exists(base_dir / p) else p.resolve()
+    if not is_file(p):
         raise InputError(f"workload.file: no such file {str(p)!r}")
     import sim
 
@@ -641,10 +644,10 @@ def _parse_objectives(raw: Any) -> tuple[Objective, ...]:
             name, direction = o.name, o.direction
         else:
             raise InputError(f"{where}: an objective name or {{name, direction}}")
-        if name not in OBJECTIVES:
+        if not isinstance(name, str) or name not in OBJECTIVES:
             raise InputError(f"{where}: unknown objective {name!r}; allowed: {_allowed(OBJECTIVES)}")
-        direction = direction or OBJECTIVES[name]
-        if direction not in ("minimize", "maximize"):
+        direction = OBJECTIVES[name] if direction is None else direction
+        if not isinstance(direction, str) or direction not in ("minimize", "maximize"):
             raise InputError(f"{where}.direction: unknown value {direction!r}; allowed: "
                              "minimize, maximize")
         if any(o.name == name for o in out):

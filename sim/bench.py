@@ -206,7 +206,13 @@ def bench_workload(args) -> Workload:
     n = args.num_prompts
     if n < 1:
         raise InputError(f"--num-prompts must be >= 1, got {n}")
+    if n >= 2**63:  # numpy's arrays stop there (a ValueError); far fewer fit in memory
+        raise InputError(f"--num-prompts {n}: out of memory: more prompts than one array "
+                         "holds (2**63); give fewer")
     rate = _request_rate(args.request_rate)
+    burst = args.burstiness  # vLLM asserts > 0 whatever the rate; a finite rate uses it
+    if not burst > 0 or (math.isinf(burst) and not math.isinf(rate)):
+        raise InputError(f"--burstiness must be a finite number > 0, got {burst}")
     conc = args.max_concurrency
     if conc is not None and conc < 1:
         raise InputError(f"--max-concurrency must be >= 1, got {conc}")
@@ -222,8 +228,6 @@ def bench_workload(args) -> Workload:
         for q in reqs:
             q.arrival_ns = 0
     else:
-        if not (0 < args.burstiness < math.inf):
-            raise InputError(f"--burstiness must be a finite number > 0, got {args.burstiness}")
         with np.errstate(over="ignore"):
             gaps = rng.gamma(args.burstiness, 1.0 / (rate * args.burstiness), size=n)
             times = np.cumsum(gaps) - gaps[0]

@@ -74,6 +74,11 @@ def _check_run_flags(args) -> None:
 def _side_files(args) -> tuple[str, str]:
     """The summary JSON and time-series CSV ``llmsim run`` writes: as given, or by default
     beside ``--output`` (``<output>.summary.json``, ``<output>.timeseries.csv``)."""
+    for flag, path in (("--output", args.output), ("--summary", args.summary),
+                       ("--timeseries", args.timeseries)):
+        if path is not None and not Path(path).name:  # '', '.', '/'
+            raise InputError(f"{flag} {path!r} names no file (empty, or a folder); give a "
+                             "file path")
     stem = str(Path(args.output).with_suffix(""))
     return (args.summary or stem + ".summary.json",
             args.timeseries or stem + ".timeseries.csv")
@@ -317,6 +322,7 @@ def _profile(args) -> int:
     except ImportError as exc:
         raise InputError(f"the profiler is unavailable: {exc}") from None
     model = load_model(args.model, source="--model")
+    writable_dir(args.out, "--out", " to file the bundle under")
     path = profile_bundle(model, args.hardware, Path(args.out), tp_degrees=tuple(args.tp),
                           device=args.device, iterations=args.iterations, tiny=args.tiny)
     print(f"wrote bundle {path}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import MAX_NUMBER, InputError
 
 #: the rows of the table, in order (those present on both sides are shown)
 ROWS = ("completed", "duration", "request_throughput", "output_throughput",
@@ -102,13 +102,18 @@ def _refuse_constant(name: str):
 
 def _check_metrics(data: dict, source: str) -> None:
     """A result JSON's metrics are numbers (null or NaN, as vLLM writes for a metric with
-    no samples, count as absent)."""
+    no samples, count as absent); every one is a count, a duration, a rate or a latency:
+    finite and >= 0."""
     for k in ROWS:
         v = data.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise InputError(f"field {k!r} must be a number, got {v!r}", source=source)
         if isinstance(v, int) and abs(v) > 2**53:
             raise InputError(f"field {k!r} is out of range: {v}", source=source)
+        if isinstance(v, float) and not math.isnan(v) and not 0 <= v <= MAX_NUMBER \
+                or isinstance(v, int) and v < 0:
+            raise InputError(f"field {k!r} must be a finite number >= 0 (and <= 1e15), "
+                             f"got {v!r}", source=source)
 
 
 def load_result(path: str | Path) -> dict:

@@ -456,6 +456,8 @@ class _Run:
                               if inst.config.pd_type == "decode"]
         self.decode_router = ROUTING_POLICIES.create(opts.pd_decode_policy, opts.seed,
                                                      source="pd_decode_policy") if pd else None
+        if not pd:  # a wrong name is refused even where no instance would use it
+            ROUTING_POLICIES.get(opts.pd_decode_policy, source="pd_decode_policy")
 
     def _init_arrivals(self, workload: Workload, heads: list[Request]) -> None:
         """Pending arrivals: a heap of (arrival_ns, rid, request); closed-loop clients

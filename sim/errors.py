@@ -38,9 +38,9 @@ def read_text_input(path, what: str, kind: str) -> str:
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (undecodable byte {exc.object[exc.start]:#04x}); "
                          f"{what} is {kind} text file", source=str(path)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what.split(' ', 1)[1]}: {exc.strerror or exc}",
-                         source=str(path)) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise InputError(f"cannot read {what.split(' ', 1)[1]}: "
+                         f"{getattr(exc, 'strerror', None) or exc}", source=str(path)) from None
 
 
 def unique_keys(pairs: list) -> dict:

@@ -224,9 +224,36 @@ def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
                              f"(TFLOPS) <= 1e+15, got {v!r}", source=source)
 
 
+#: every field a catalogue entry may give (a misspelt optional one was ignored)
+_FIELDS = frozenset((*REQUIRED_FIELDS, *_POSITIVE, *_NON_NEGATIVE, "aliases", "kind",
+                     "vendor", "compute_capability", "num_sms", "mem_reported_bytes",
+                     "measured_gemm_tflops", "gemm_overlap_p", "link_type", "link_topology",
+                     "peer_access", "vllm_all_reduce_us", "scale_out_type",
+                     "devices_per_node", "pim_config"))
+#: the descriptive text fields
+_TEXT = ("kind", "vendor", "link_type", "scale_out_type")
+
+
+def _check_names(d: dict, source: str) -> None:
+    """No unknown field; the text fields are text, compute_capability a version."""
+    unknown = sorted(str(k) for k in d if k not in _FIELDS)
+    if unknown:
+        raise InputError(f"unknown field {unknown[0]!r}; allowed: {', '.join(sorted(_FIELDS))}",
+                         source=source)
+    for key in _TEXT:
+        v = d.get(key)
+        if v is not None and not isinstance(v, str):
+            raise InputError(f"field {key!r} must be a string, got {v!r}", source=source)
+    cc = d.get("compute_capability")
+    if cc is not None and (isinstance(cc, bool) or not isinstance(cc, (str, int, float))):
+        raise InputError(f"field 'compute_capability' must be a version such as '12.0', got "
+                         f"{cc!r}", source=source)
+
+
 def _from_mapping(d: object, source: str) -> HardwareSpec:
     if not isinstance(d, dict):
         raise InputError("hardware spec must be a mapping", source=source)
+    _check_names(d, source)
     for key in REQUIRED_FIELDS:
         if key not in d:
             raise InputError(f"hardware spec is missing field {key!r}", source=source)

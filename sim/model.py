@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from sim.errors import InputError, unique_keys, unknown_name
-from sim.paths import profiles_root
+from sim.paths import is_dir, is_file, profiles_root
 from sim.yamlio import load_yaml_files
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
@@ -379,10 +379,22 @@ def _spec_blocks(d: dict, source: str) -> tuple[int, int] | None:
     return int(v[0]), int(v[1])
 
 
+#: every field a model spec may give (a misspelt optional one was ignored)
+_SPEC_FIELDS = ("name", "aliases", "architecture", "dtype", "quantization", "kv_cache_dtype",
+                "weight_block_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "max_position_embeddings", "tie_word_embeddings")
+
+
 def _from_mapping(d: dict, source: str) -> ModelSpec:
     if not isinstance(d, dict):
         raise InputError(f"a model spec is a mapping of fields, got {type(d).__name__}",
                          source=source)
+    unknown = sorted(str(k) for k in d if k not in _SPEC_FIELDS)
+    if unknown:
+        raise InputError(f"model spec has an unknown field {unknown[0]!r}; allowed: "
+                         f"{', '.join(_SPEC_FIELDS)}", source=source)
     required = ("name", "architecture", "hidden_size", "num_hidden_layers",
                 "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [k for k in required if k not in d]
@@ -391,7 +403,7 @@ def _from_mapping(d: dict, source: str) -> ModelSpec:
     arch = d["architecture"]
     if not isinstance(arch, str) or arch not in BLOCK_SEQUENCES:
         raise unknown_name("architecture", arch, BLOCK_SEQUENCES, source)
-    aliases = d.get("aliases") or ()
+    aliases = () if d.get("aliases") is None else d["aliases"]
     if not isinstance(aliases, list | tuple) or not all(isinstance(a, str) for a in aliases):
         raise InputError(f"model spec field 'aliases' must be a list of names, got {aliases!r}",
                          source=source)
@@ -513,9 +525,9 @@ def load_model(name_or_path: str, source: str | None = None) -> ModelSpec:
     if name_or_path in cat:
         return cat[name_or_path]
     p = Path(name_or_path)
-    if p.suffix == ".json" and p.is_file():
+    if p.suffix == ".json" and is_file(p):
         return from_hf_config(p)
-    if p.is_dir() and (p / "config.json").is_file():
+    if is_dir(p) and is_file(p / "config.json"):
         return from_hf_config(p / "config.json", name=p.name)
     raise unknown_name("model", name_or_path, known_models(), source)
 

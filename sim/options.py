@@ -499,10 +499,13 @@ def vllm_refusal(max_num_seqs: int, max_num_batched_tokens: int, block_size: int
 
 def check_profile_dirs(dirs) -> None:
     """Each ``--profiles`` folder exists, or an InputError naming it."""
-    from pathlib import Path
+    from sim.paths import is_dir
 
     for d in dirs:
-        if not Path(d).is_dir():
+        if not str(d):  # Path('') is the working folder
+            raise InputError("--profiles '' is empty; give a folder of profile bundles "
+                             "(<HW>/<org>/<model>/<variant>/)")
+        if not is_dir(d):
             raise InputError(f"--profiles {d!r}: no such folder (a folder of profile bundles "
                              "<HW>/<org>/<model>/<variant>/)")
 

@@ -18,11 +18,40 @@ def shared_data_root() -> Path:
     return Path(os.environ.get("LLMSIM_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
+def is_file(path: str | Path) -> bool:
+    """``Path.is_file``, but False where no file can have that name (longer than the file
+    system allows, ENAMETOOLONG), so a name from an input file that is probed as a path
+    too (a model, a hardware's bundle folder, a PIM config) reads as the unknown name it
+    is instead of an OSError naming the probed path."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
+
+
+def is_dir(path: str | Path) -> bool:
+    """``Path.is_dir``, False where no folder can have that name (see :func:`is_file`)."""
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False
+
+
+def exists(path: str | Path) -> bool:
+    """``Path.exists``, False where nothing can have that name (see :func:`is_file`)."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
 def writable_dir(path: str | Path, flag: str, purpose: str = "") -> Path:
     """Create folder ``path`` or refuse, naming ``flag``: it exists as a file, or it cannot
     be created or written (checked by writing, as permission bits say little to root)."""
     from sim.errors import InputError
 
+    if not str(path):  # Path('') is the working folder
+        raise InputError(f"{flag} '' is empty; give a folder{purpose}")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise InputError(f"{flag} {str(p)!r} is a file; give a folder{purpose}")

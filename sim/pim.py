@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import InputError, unknown_name
-from sim.paths import profiles_root, shared_data_root
+from sim.errors import MAX_NUMBER, InputError, unknown_name
+from sim.paths import is_dir, is_file, profiles_root, shared_data_root
 
 _REQUIRED = {
     "dram_structure": ("bankgroups", "banks_per_group", "columns", "device_width", "BL"),
@@ -143,6 +143,9 @@ def parse_pim_ini(path: str | Path) -> PimDevice:
             what = "an integer" if kind is int else "a finite number"
             raise InputError(f"[{section}] {key} must be {what}, got {raw!r}",
                              source=str(path))
+        if f > MAX_NUMBER:  # finite but absurd: the derived bandwidths overflow a float
+            raise InputError(f"[{section}] {key} must be at most 1e15, got {raw!r}",
+                             source=str(path))
         v = kind(f)
         if v <= 0 and key not in ("AL",):
             raise InputError(f"[{section}] {key} must be > 0, got {raw}", source=str(path))
@@ -178,7 +181,7 @@ def resolve_pim(name_or_path: str, source: str | None = None) -> Path:
     Only the name is checked here (LLMServingSim reads the file only with attention
     offloading on; :func:`load_pim` parses it then)."""
     p = Path(name_or_path)
-    if p.suffix == ".ini" and p.is_file():
+    if p.suffix == ".ini" and is_file(p):
         return p
     known = {}
     for d in pim_search_dirs():
@@ -187,7 +190,7 @@ def resolve_pim(name_or_path: str, source: str | None = None) -> Path:
     stem = p.stem if p.suffix == ".ini" else name_or_path
     if stem not in known:
         if p.suffix == ".ini" or len(p.parts) > 1:
-            why = "is a folder" if p.is_dir() else "no such file"
+            why = "is a folder" if is_dir(p) else "no such file"
             raise InputError(f"{name_or_path!r}: {why}; give the path of a DRAMSim3 .ini "
                              "file (relative to the working folder) or one of the names "
                              + (", ".join(sorted(known)) or "(none)"), source=source)

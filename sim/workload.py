@@ -252,9 +252,13 @@ class LengthDist:
 
         if self.kind == "fixed":
             return np.full(n, self.value, dtype=np.int64)
+        if self.kind in ("uniform", "zipf") and self.low > self.high:
+            raise InputError(f"{which}: low ({self.low}) must be <= high ({self.high})")
         if self.kind == "uniform":
             return rng.integers(self.low, self.high + 1, size=n)
         if self.kind == "zipf":
+            if not self.theta > 0:  # (NaN too)
+                raise InputError(f"{which}: zipf theta must be > 0, got {self.theta}")
             ranks = np.arange(1, self.high - self.low + 2, dtype=np.float64)
             p = ranks ** (-self.theta)
             p /= p.sum()
@@ -289,19 +293,24 @@ class WorkloadSpec:
 def generate(spec: WorkloadSpec) -> Workload:
     if spec.num_requests < 1:
         raise InputError(f"num_requests must be >= 1, got {spec.num_requests}")
+    if spec.num_requests > MAX_GENERATED:
+        raise InputError(f"num_requests must be <= {MAX_GENERATED:,}, got {spec.num_requests}")
     import numpy as np  # generators only: a replay of a JSONL file does not import it
 
-    rng = np.random.default_rng(spec.seed)
+    try:
+        rng = np.random.default_rng(spec.seed)
+    except (TypeError, ValueError):
+        raise InputError(f"seed must be an integer >= 0, got {spec.seed!r}") from None
     n = spec.num_requests
     if spec.concurrency > 0:
         arrivals = np.zeros(n)
     else:
-        if spec.rate <= 0:
+        if not spec.rate > 0:  # (NaN too)
             raise InputError(f"arrival rate must be > 0, got {spec.rate}")
         if spec.arrival == "poisson":
             gaps = rng.exponential(1.0 / spec.rate, size=n)
         elif spec.arrival == "gamma":
-            if spec.cv <= 0:
+            if not spec.cv > 0:
                 raise InputError(f"gamma cv must be > 0, got {spec.cv}")
             shape = 1.0 / (spec.cv ** 2)
             gaps = rng.gamma(shape, 1.0 / (spec.rate * shape), size=n)

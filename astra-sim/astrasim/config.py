@@ -27,13 +27,16 @@ TOPOLOGIES = {"ring": "Ring", "fullyconnected": "FullyConnected", "switch": "Swi
 # canonical collective implementation names by lower-case alias
 IMPLEMENTATIONS = {"ring": "ring", "direct": "direct", "halvingdoubling": "halvingDoubling",
                    "doublebinarytree": "doubleBinaryTree"}
+#: most chunks one collective may be cut into (each is simulated as its own events: 2**62
+#: never finished)
+MAX_SPLITS = 1 << 20
 MEMORY_TYPES = ("NO_MEMORY_EXPANSION", "PER_NPU_MEMORY_EXPANSION",
                 "PER_NODE_MEMORY_EXPANSION", "MEMORY_POOL")
 
 
 def _num(v: Any, where: str, *, positive=False, nonneg=False, integer=False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) \
-            or (isinstance(v, int) and abs(v) > 2**63) or not math.isfinite(v):
+            or abs(v) > 2**63 or not math.isfinite(v):
         raise ConfigError(f"{where}: expected a finite number below 2**63, got {v!r}")
     if integer and v != int(v):
         raise ConfigError(f"{where}: expected an integer, got {v!r}")
@@ -206,6 +209,9 @@ class SystemConfig:
                           ("active-chunks-per-dimension", "active_chunks_per_dimension")):
             if key in d:
                 kw[attr] = _num(d[key], where(key), positive=True, integer=True)
+        if kw.get("preferred_dataset_splits", 1) > MAX_SPLITS:  # one event per chunk
+            raise ConfigError(f"{where('preferred-dataset-splits')}: must be <= {MAX_SPLITS} "
+                              f"(chunks per collective), got {kw['preferred_dataset_splits']}")
         for key, attr in _IMPL_KEYS.items():
             if key in d:
                 v = d[key]

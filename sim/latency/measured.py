@@ -43,7 +43,7 @@ from sim.errors import InputError, read_text_input
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, expert_shard_ranks
-from sim.paths import profiles_root, shared_data_root
+from sim.paths import is_dir, is_file, profiles_root, shared_data_root
 from sim.yamlio import strict_load, yaml_problem
 
 VARIANT_BY_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "fp8": "fp8"}
@@ -79,7 +79,7 @@ def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
     variant = bundle_variant(model)
     for folder in _bundle_folders(hardware, model, extra_dirs):
         p = folder / variant
-        if (p / "meta.yaml").is_file():
+        if is_file(p / "meta.yaml"):
             return p
     return None
 
@@ -87,7 +87,7 @@ def find_bundle(hardware: str, model: ModelSpec, extra_dirs=()) -> Path | None:
 def other_variants(hardware: str, model: ModelSpec, extra_dirs=()) -> list[str]:
     """Variants measured for (hardware, model) at other precisions (for error notes)."""
     return sorted({p.parent.name for f in _bundle_folders(hardware, model, extra_dirs)
-                   for p in f.glob("*/meta.yaml")} - {bundle_variant(model)})
+                   if is_dir(f) for p in f.glob("*/meta.yaml")} - {bundle_variant(model)})
 
 
 _KEY_MAX = 2**53  # a grid key (tokens, sequences, KV length) exact as a double

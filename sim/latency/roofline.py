@@ -70,10 +70,18 @@ def load_calibration(path: str | Path | None = None) -> dict[str, dict[str, floa
         return out
     import yaml
 
+    from sim.errors import MAX_NUMBER, read_text_input
+    from sim.yamlio import strict_load, yaml_problem
+
+    text = read_text_input(path, "a roofline calibration", "a YAML")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read roofline calibration: {exc}", source=str(path)) from None
+        data = strict_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"malformed YAML ({yaml_problem(exc)})", source=str(path)) from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise InputError(f"the calibration must be a mapping (classes: ...), got a "
+                         f"{type(data).__name__}", source=str(path))
     classes = data.get("classes") or {}
     if not isinstance(classes, dict):
         raise InputError("field 'classes' must be a mapping", source=str(path))
@@ -81,12 +89,18 @@ def load_calibration(path: str | Path | None = None) -> dict[str, dict[str, floa
         if cls not in out:
             raise InputError(f"unknown op class {cls!r} in 'classes'; known: "
                              f"{', '.join(CLASSES)}", source=str(path))
-        for k, v in (params or {}).items():
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise InputError(f"field 'classes.{cls}' must be a mapping of its parameters "
+                             f"({', '.join(sorted(out[cls]))}), got {params!r}",
+                             source=str(path))
+        for k, v in params.items():
             if k not in out[cls]:
                 raise InputError(f"unknown parameter {cls}.{k}; known: {sorted(out[cls])}",
                                  source=str(path))
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise InputError(f"{cls}.{k} must be a positive number, got {v!r}",
+            if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or not 0 < v <= MAX_NUMBER:  # NaN fails too
+                raise InputError(f"{cls}.{k} must be a positive number <= 1e+15, got {v!r}",
                                  source=str(path))
             out[cls][k] = float(v)
     return out

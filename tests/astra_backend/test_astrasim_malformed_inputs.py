@@ -50,6 +50,18 @@ CASES = [
      ["net.yml", "'bandwidth'[0]", "below 2**63"]),
     ("system-int-of-5000-digits", {"system": b'{"endpoint-delay": ' + b"9" * 5000 + b"}"},
      ["sys.json", "not valid JSON", "4300"]),
+    # a float past 2**63 passed the bound the message states (it was checked on ints only):
+    # a latency of 1e308 printed a 309-digit cycle count, exit 0
+    ("latency-1e308", {"net": NET.replace("300.0", "1.0e+308").encode()},
+     ["net.yml", "'latency'[0]", "below 2**63", "1e+308"]),
+    ("local-mem-bw-1e308", {"system": b'{"local-mem-bw": 1e308}'},
+     ["sys.json", "'local-mem-bw'", "below 2**63"]),
+    # every collective was cut into this many chunks, one event each: 1e308 (as a float)
+    # or 2**62 never finished
+    ("dataset-splits-1e308", {"system": b'{"preferred-dataset-splits": 1e308}'},
+     ["sys.json", "'preferred-dataset-splits'", "below 2**63"]),
+    ("dataset-splits-2-62", {"system": b'{"preferred-dataset-splits": 4611686018427387904}'},
+     ["sys.json", "'preferred-dataset-splits'", "<= 1048576", "4611686018427387904"]),
 ]
 
 

@@ -57,6 +57,17 @@ def test_space_file_workload_refused(tmp_path, line, needles, capsys, monkeypatc
     assert_one_line(capsys, main(["check", str(p)]), [str(p), *needles])
 
 
+def test_space_workload_file_name_longer_than_a_file_name(tmp_path, capsys, monkeypatch):
+    """A workload.file of 300 characters was "dse: error: .../AAA...: File name too long",
+    naming neither the space file nor the field."""
+    monkeypatch.setattr(dse.study, "Driver", _NoDriver)
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "workload": {"file": "A" * 300}}))
+    line = assert_one_line(capsys, main(["check", str(p)]),
+                           [str(p), "workload.file: no such file"])
+    assert "File name too long" not in line
+
+
 # (id, the space file's text, needles)
 SPACE_CASES = [
     ("top-level-key-twice", _TEXT + "name: other\n", ["'name' appears twice", "lines 1 and"]),
@@ -97,6 +108,26 @@ SPACE_CASES = [
      ["input", "'high' must be <= 2147483647", "1000000000000"]),
     ("generate-fixed-10e12", yaml.safe_dump(_gen(output=10**12)),
      ["output", "'value' must be <= 2147483647"]),
+    # an objective's name a list or mapping: TypeError (unhashable) traceback
+    ("objective-name-a-list", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": ["p99_ttft"]}]}), ["objectives[0]", "unknown objective", "['p99_ttft']",
+                                    "throughput_per_device"]),
+    ("objective-name-a-mapping", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": {"a": 1}}]}), ["objectives[0]", "unknown objective"]),
+    # a direction that is false, empty or 0 took the objective's default
+    ("objective-direction-false", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": "p99_ttft", "direction": False}]}),
+     ["objectives[0].direction", "False", "minimize, maximize"]),
+    ("objective-direction-empty", yaml.safe_dump({**BASE_SPACE, "objectives": [
+        {"name": "p99_ttft", "direction": ""}]}),
+     ["objectives[0].direction", "minimize, maximize"]),
+    # knobs given as [], false or "" searched nothing (taken as no knobs)
+    ("knobs-an-empty-list", yaml.safe_dump({**BASE_SPACE, "knobs": []}),
+     ["knobs: must be a mapping of knob -> domain", "max_num_seqs"]),
+    ("knobs-false", yaml.safe_dump({**BASE_SPACE, "knobs": False}),
+     ["knobs: must be a mapping of knob -> domain"]),
+    ("knobs-empty-string", yaml.safe_dump({**BASE_SPACE, "knobs": ""}),
+     ["knobs: must be a mapping of knob -> domain"]),
 ]
 
 
@@ -200,6 +231,21 @@ def test_show_on_a_damaged_study_json(study, tmp_path, capsys):
     assert_one_line(capsys, main(["show", str(copy_)]), ["study.json", "not a readable"])
 
 
+@pytest.mark.parametrize("field,value", [("objectives", None), ("objectives", True),
+                                         ("directions", 5), ("directions", [["maximize"]]),
+                                         ("objectives", [{"a": 1}, "p99_ttft"])])
+def test_show_on_a_study_json_with_broken_names(study, tmp_path, capsys, field, value):
+    """study.json's objectives or directions not a list of names: a TypeError traceback
+    ('NoneType' object is not iterable, unhashable type: 'list')."""
+    _, out = study
+    copy_ = tmp_path / "copy"
+    shutil.copytree(out, copy_)
+    meta = json.loads((copy_ / "study.json").read_text())
+    (copy_ / "study.json").write_text(json.dumps({**meta, field: value}))
+    assert_one_line(capsys, main(["show", str(copy_)]),
+                    [str(copy_ / "study.json"), f"'{field}' must be a list of names"])
+
+
 def test_search_resume_on_a_corrupt_journal_exits_2_and_keeps_it(study, tmp_path, capsys):
     space, out = study
     copy_ = tmp_path / "copy"
@@ -299,6 +345,22 @@ def test_base_space_is_valid(tmp_path, capsys):
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump(copy.deepcopy(BASE_SPACE)))
     assert main(["check", str(p)]) == 0, capsys.readouterr().err
+
+
+def test_null_slo_is_no_limit(tmp_path, capsys):
+    """An SLO given as null is no limit, as null is for every field of a space: it was kept
+    as a limit of None, and every trial failed (TypeError: float / NoneType) and the report
+    with it ('unsupported format string passed to NoneType.__format__'), exit 0."""
+    from dse.space import load_space
+
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({**BASE_SPACE, "slo": {"p99_ttft_ms": None, "p99_tpot_ms": 30},
+                                 "search": {"sampler": "grid", "n_trials": 1, "seed": 0}}))
+    assert load_space(p).slo == {"p99_tpot_ms": 30}
+    assert main(["search", str(p), "--out", str(tmp_path / "o"), "--workers", "0",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "failed" not in out.err and "1 trials simulated" in out.out + out.err, out
 
 
 # ------------------------------------------------------------ SIGTERM during a search

@@ -153,6 +153,28 @@ def test_good_model_config_still_loads(tmp_path):
     assert spec.tie_word_embeddings is False
 
 
+# A catalogue entry (profiles/models/*.yaml): a misspelt optional field was ignored (here
+# num_key_value_head: the KV heads defaulted to the attention heads, 4x the KV cache), and
+# aliases given as {}, false, 0 or "" read as none.
+@pytest.mark.parametrize("change,needles", [
+    ({"num_key_value_head": 8}, ["unknown field 'num_key_value_head'", "num_key_value_heads",
+                                 "weight_block_size"]),
+    ({"aliases": {}}, ["'aliases' must be a list of names", "{}"]),
+    ({"aliases": False}, ["'aliases' must be a list of names", "False"]),
+    ({"aliases": ""}, ["'aliases' must be a list of names"]),
+], ids=["misspelt-field", "aliases-a-mapping", "aliases-false", "aliases-empty-string"])
+def test_model_catalogue_entry_refused(change, needles):
+    from sim.model import _from_mapping
+
+    spec = yaml.safe_load((REPO / "profiles/models/Llama-3.1-8B.yaml").read_text())
+    with pytest.raises(sim.InputError) as exc:
+        _from_mapping({**spec, **change}, "m.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("m.yaml: ") and "\n" not in msg, msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
 # ------------------------------------------------------------------- profile bundles
 def _edit(name, fn):
     def m(v):
@@ -240,6 +262,16 @@ PIM_CASES = [
      ["[system] channels", "'1.5'"]),
     ("key-twice", GOOD_PIM.replace("[timing]\n", "[timing]\ntCK = 2\n").encode(),
      ["malformed PIM config", "already exists"]),
+    # finite but absurd: the device's bandwidth and row sizes overflowed a float in the
+    # first attention step (ZeroDivisionError / OverflowError tracebacks)
+    ("tck-1e308", GOOD_PIM.replace("tCK = 1.0", "tCK = 1e308").encode(),
+     ["[timing] tCK", "at most 1e15", "'1e308'"]),
+    ("columns-1e308", GOOD_PIM.replace("columns = 64", "columns = 1e308").encode(),
+     ["[dram_structure] columns", "at most 1e15"]),
+    ("channels-2-64", GOOD_PIM.replace("channels = 8", f"channels = {2**64}").encode(),
+     ["[system] channels", "at most 1e15", str(2**64)]),
+    ("tccd-l-1e308", GOOD_PIM.replace("tRP = 14", "tRP = 14\ntCCD_L = 1e308").encode(),
+     ["[timing] tCCD_L", "at most 1e15"]),
 ]
 
 
@@ -294,6 +326,41 @@ def test_pim_config_naming_no_file_refused_at_load(d, tmp_path, name, needles, o
                                            "nodes[0].cpu_mem.pim_config", *needles])
 
 
+# A name longer than a file name may be (255 bytes) made the probe for a file of that name
+# raise: "llmsim: error: AAAA...: File name too long", naming neither the cluster file, the
+# field nor what is allowed (the hardware's: the bundle path it was looked up under).
+_LONG = "A" * 300
+
+
+@pytest.mark.parametrize("edit,needles", [
+    (lambda c: c["nodes"][0]["instances"][0].update(model_name=_LONG),
+     ["unknown model", "meta-llama/Llama-3.1-8B"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(model_name=_LONG + ".json"),
+     ["unknown model", "meta-llama/Llama-3.1-8B"]),
+    (lambda c: c["nodes"][0]["instances"][0].update(hardware=_LONG),
+     ["instance 0", "unknown hardware", "H100-SXM"]),
+    (lambda c: c["nodes"][0]["cpu_mem"].update(pim_config=_LONG + ".ini"),
+     ["nodes[0].cpu_mem.pim_config", "no such file", "DDR4_8GB_3200_pim"]),
+], ids=["model-name", "model-name-json", "hardware", "pim-config-ini"])
+def test_name_longer_than_a_file_name_is_unknown(d, tmp_path, edit, needles, capsys):
+    # (an unknown hardware is found when the latency provider is built, before any step)
+    c = cluster_dict(300)
+    edit(c)
+    (tmp_path / "c.json").write_text(json.dumps(c))
+    rc = main(["run", "--cluster", str(tmp_path / "c.json"), "--dataset", str(d / "w.jsonl"),
+               "--output", str(tmp_path / "o.csv")])
+    line = assert_one_line(capsys, rc, "llmsim", [str(tmp_path / "c.json"), *needles])
+    assert "File name too long" not in line
+
+
+def test_bench_model_longer_than_a_file_name_is_unknown(capsys, monkeypatch):
+    monkeypatch.setattr(sim, "simulate", _no_simulation)
+    rc = main(["bench", "--model", _LONG, "--hardware", "H100-SXM", "--num-prompts", "3"])
+    line = assert_one_line(capsys, rc, "llmsim", ["--model", "unknown model",
+                                                  "meta-llama/Llama-3.1-8B"])
+    assert "File name too long" not in line
+
+
 def test_pim_config_by_name_or_path_still_loads(tmp_path):
     from sim.cluster import load_cluster
 
@@ -321,6 +388,13 @@ COMPARE_CASES = [
      ["'mean_ttft_ms' must be a number", "'x'"]),
     ("metric-a-bool", b'{"mean_ttft_ms": true, "completed": 5}',
      ["'mean_ttft_ms' must be a number", "True"]),
+    # a negative or infinite latency, count or throughput was compared as any other value
+    ("metric-negative", b'{"mean_ttft_ms": -10.0, "completed": 5}',
+     ["'mean_ttft_ms' must be a finite number >= 0", "-10.0"]),
+    ("metric-infinity", b'{"mean_ttft_ms": Infinity, "completed": 5}',
+     ["'mean_ttft_ms' must be a finite number >= 0", "inf"]),
+    ("metric-1e308", b'{"request_throughput": 1e308, "completed": 5}',
+     ["'request_throughput' must be a finite number >= 0", "<= 1e15"]),
     ("jsonl-line-2-broken", (_req() + "\n{bad\n").encode(), ["line 2", "malformed JSON"]),
     ("jsonl-bool-count", _req(output_toks=True).encode(), ["line 1", "output_toks"]),
     ("jsonl-nan-timestamp", _req(first_token_ts=float("nan")).encode(),
@@ -355,12 +429,19 @@ BENCH_CASES = [
     ("burstiness-nan", ["--request-rate", "5", "--burstiness", "nan"],
      ["--burstiness", "finite number > 0", "nan"]),
     ("burstiness-inf", ["--request-rate", "5", "--burstiness", "inf"], ["--burstiness"]),
+    # at the default infinite rate it was ignored (vLLM's get_request asserts it first)
+    ("burstiness-negative-at-infinite-rate", ["--burstiness", "-1"],
+     ["--burstiness", "finite number > 0", "-1"]),
     ("rate-overflows-the-clock", ["--request-rate", "1e-300"],
      ["--request-rate 1e-300", "146 years"]),
     ("seed-negative", ["--seed", "-1"], ["--seed", ">= 0"]),
     ("output-len-past-int32", ["--random-output-len", str(2**63)],
      ["--random-output-len", "1..2147483647"]),
     ("profiles-missing", ["--profiles", "/nonexistent/profiles"], ["--profiles", "no such folder"]),
+    # (was "llmsim: error: /tmp/AAA...: File name too long", no flag named)
+    ("profiles-name-too-long", ["--profiles", "/tmp/" + "A" * 300],
+     ["--profiles", "no such folder"]),
+    ("profiles-empty", ["--profiles", ""], ["--profiles ''", "give a folder"]),  # was '.'
     ("block-size-7", ["--block-size", "7"], ["block_size 7", "allowed"]),
     ("budget-below-max-seqs", ["--max-num-batched-tokens", "8"],
      ["max_num_batched_tokens (8)", "max_num_seqs (1024)"]),   # H100: vllm serve's default
@@ -372,6 +453,9 @@ BENCH_CASES = [
     ("metric-percentiles-nan", ["--metric-percentiles", "nan"], ["--metric-percentiles"]),
     ("percentile-metrics-unknown", ["--percentile-metrics", "foo"], ["foo", "ttft, tpot"]),
     ("num-prompts-past-memory", ["--num-prompts", str(2**40)], ["out of memory"]),
+    # (a ValueError traceback from numpy: "Maximum allowed dimension exceeded")
+    ("num-prompts-past-an-array", ["--num-prompts", str(2**64)],
+     ["--num-prompts 18446744073709551616", "out of memory"]),
     # parallelism past what one node of the hardware holds (-dp 100000 built 100,000
     # instances for minutes, -pp past the layers simulated stages without a layer)
     ("dp-past-the-node", ["-dp", "100000"],
@@ -786,6 +870,13 @@ def test_cluster_key_given_twice_is_refused(d, tmp_path, suffix, capsys, monkeyp
     rc = main(["run", "--cluster", str(tmp_path / f"c{suffix}"), "--dataset",
                str(d / "w.jsonl"), "--output", str(tmp_path / "o.csv")])
     assert_one_line(capsys, rc, "llmsim", ["'max_num_seqs' appears twice"])
+
+
+def test_load_cluster_path_with_a_nul_byte_is_an_input_error(tmp_path):
+    """sim.load_cluster (the README's library entry) raised ValueError('embedded null
+    byte') where sim.load_jsonl gave an InputError."""
+    with pytest.raises(sim.InputError, match="cannot read cluster config: embedded null byte"):
+        sim.load_cluster(str(tmp_path / "c\x00.json"))
 
 
 def test_cluster_yaml_syntax_error_names_the_line(d, tmp_path, capsys):

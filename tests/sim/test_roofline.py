@@ -103,6 +103,36 @@ def test_calibration_file_is_used_and_validated(tmp_path, llama):
         RooflineProvider(llama, "H100", 1, calibration=bad)
 
 
+@pytest.mark.parametrize("text,needles", [
+    # a class that is no mapping: AttributeError ('float' object has no attribute 'items')
+    ("classes:\n  gemm: 0.5\n", ["'classes.gemm' must be a mapping", "0.5"]),
+    ("classes:\n  moe: xyz\n", ["'classes.moe' must be a mapping"]),
+    # NaN / inf factors: "cannot convert float NaN to integer" in the first step
+    ("classes:\n  gemm: {eff_compute: .nan}\n", ["gemm.eff_compute", "nan"]),
+    ("classes:\n  lm_head: {eff_compute: .inf}\n", ["lm_head.eff_compute", "inf"]),
+    ("classes:\n  sampler: {overhead_us: 1.0e+300}\n", ["sampler.overhead_us", "1e+15"]),
+    # the file itself: not UTF-8 (a UnicodeDecodeError), a list, a key twice
+    (b"\xff\xfe", ["not UTF-8"]),
+    ("- 1\n- 2\n", ["must be a mapping", "list"]),
+    ("classes:\n  gemm: {p: 2.0}\n  gemm: {p: 3.0}\n", ["'gemm' appears twice"]),
+], ids=["class-a-number", "class-a-string", "factor-nan", "factor-inf", "factor-1e300",
+        "not-utf8", "a-list", "key-twice"])
+def test_calibration_file_refused(tmp_path, llama, text, needles):
+    from sim.errors import InputError
+
+    bad = tmp_path / "cal.yaml"
+    if isinstance(text, bytes):
+        bad.write_bytes(text)
+    else:
+        bad.write_text(text)
+    with pytest.raises(InputError) as exc:
+        RooflineProvider(llama, "H100", 1, calibration=bad)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(bad) in msg, msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
 def test_catalogue_lists_roofline_for_known_hardware(tmp_path):
     names = [p["provider"] for p in available_providers("H200", "meta-llama/Llama-3.1-8B", 1)]
     assert "roofline" in names and "measured" not in names

@@ -143,6 +143,32 @@ def test_astra_config_out_is_a_file(d, capsys):
     assert_one_line(capsys, rc, "llmsim", ["--out", "is a file"])
 
 
+def test_astra_config_out_empty_writes_nothing(d, capsys, tmp_path, monkeypatch):
+    """--out '' wrote network.yml, system.json, ... into the working folder."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["astra-config", "--cluster", str(d / "c.json"), "--out", ""])
+    assert_one_line(capsys, rc, "llmsim", ["--out ''", "give a folder"])
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("out,needles", [
+    ("", ["--out ''", "give a folder"]),   # a bundle was written under the working folder
+    ("a_file", ["--out", "a_file", "is a file"]),  # "<out>/H100/...: Not a directory"
+], ids=["empty", "a-file"])
+def test_profile_out_refused_before_profiling(d, capsys, tmp_path, monkeypatch, out, needles):
+    import sim.profiler
+
+    def no_profiling(*a, **k):
+        raise AssertionError("profiled before --out was checked")
+
+    monkeypatch.setattr(sim.profiler, "profile_bundle", no_profiling, raising=False)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["profile", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "H100",
+               "--out", str(d / out) if out else "", "--tiny", "--device", "cpu"])
+    assert_one_line(capsys, rc, "llmsim", needles)
+    assert not list(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------- fuzzing
 def _guarded(fn, *args) -> int:
     """The CLI's contract for a loader: InputError -> 2, success -> 0; anything else

@@ -151,6 +151,14 @@ def test_unknown_routing_policy(capsys, files):
     assert "--request-routing-policy" in line and "FASTEST" in line and "LOAD" in line
 
 
+@pytest.mark.parametrize("policy", ["FASTEST", ""])
+def test_unknown_pd_decode_policy_without_pd(capsys, files, policy):
+    """The cluster has no prefill/decode instances: the policy was never looked up, and any
+    name (or none) ran with exit 0."""
+    line = in_process(capsys, files, "--pd-decode-policy", policy)
+    assert "pd_decode_policy" in line and repr(policy) in line and "LEAST_KV" in line
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--num-reqs", "0"], "--num-reqs"),
     (["--max-num-seqs", "0"], "max_num_seqs"),

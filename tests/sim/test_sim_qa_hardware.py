@@ -59,6 +59,16 @@ def _spec(**change):
     ("measured_link_bw_GiBps", 0, ["'measured_link_bw_GiBps'", "> 0"]),
     ("measured_link_latency_ns", -1, ["'measured_link_latency_ns'", ">= 0"]),
     ("measured_link_latency_ns", None, ["'measured_link_bw_GiBps'", "needs its pair"]),
+    # a misspelt optional field was ignored (the default taken silently), and the text
+    # fields took any value (a mapping read as the text "{}")
+    ("devices_per_nod", 4, ["unknown field 'devices_per_nod'", "devices_per_node",
+                            "vllm_all_reduce_us"]),
+    ("measured_mem_bw_GBPs", 1500, ["unknown field 'measured_mem_bw_GBPs'"]),
+    ("kind", {}, ["'kind'", "a string", "{}"]),
+    ("vendor", [1], ["'vendor'", "a string"]),
+    ("link_type", 5, ["'link_type'", "a string"]),
+    ("scale_out_type", True, ["'scale_out_type'", "a string"]),
+    ("compute_capability", [9, 0], ["'compute_capability'", "'12.0'"]),
 ])
 def test_catalogue_entry_refused(field, value, needles):
     with pytest.raises(sim.InputError) as exc:

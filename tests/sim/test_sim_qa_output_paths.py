@@ -57,6 +57,26 @@ def test_output_that_is_an_input_or_another_output_is_refused(d, capsys, flags, 
         assert (d / name).read_bytes() == data, name
 
 
+@pytest.mark.parametrize("flags,needles", [
+    # a path with no file name: ValueError("PosixPath('.') has an empty name") tracebacks
+    # from deriving the summary's default name
+    (["--output", ""], ["--output ''", "give a file path"]),
+    (["--output", "."], ["--output '.'", "give a file path"]),
+    (["--output", "/"], ["--output '/'", "give a file path"]),
+    # an empty --summary / --timeseries was taken as not given
+    (["--output", "o.csv", "--summary", ""], ["--summary ''", "give a file path"]),
+    (["--output", "o.csv", "--timeseries", ""], ["--timeseries ''", "give a file path"]),
+], ids=["output-empty", "output-dot", "output-root", "summary-empty", "timeseries-empty"])
+def test_output_path_without_a_file_name_is_refused(d, capsys, monkeypatch, flags, needles):
+    monkeypatch.chdir(d)
+    rc = main(["run", "--cluster", str(d / "c.json"), "--dataset", str(d / "w.jsonl"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+
+
 def test_bench_result_over_its_dataset_is_refused(d, capsys):
     rc = main(["bench", "--model", "meta-llama/Llama-3.1-8B", "--hardware", "RTXPRO6000",
                "--latency-provider", "roofline", "--dataset-name", "custom",

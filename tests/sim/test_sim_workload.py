@@ -216,6 +216,16 @@ def test_file_length_distribution_samples_the_files_lengths(tmp_path):
     (WorkloadSpec(arrival="gamma", cv=0), "gamma cv must be > 0"),
     (WorkloadSpec(input=LengthDist("lognormal")), "unknown length distribution 'lognormal'"),
     (WorkloadSpec(input=LengthDist("file")), "needs a path"),
+    # sim.generate(sim.WorkloadSpec(...)) as the README shows it: these were ValueErrors
+    # (NaN passed the `<= 0` checks; numpy refused the rest) or a MemoryError
+    (WorkloadSpec(rate=float("nan")), "arrival rate must be > 0, got nan"),
+    (WorkloadSpec(arrival="gamma", cv=float("nan")), "gamma cv must be > 0, got nan"),
+    (WorkloadSpec(seed=-1), r"seed must be an integer >= 0, got -1"),
+    (WorkloadSpec(num_requests=10**12), "num_requests must be <= 10,000,000"),
+    (WorkloadSpec(input=LengthDist("uniform", low=10, high=5)),
+     r"input: low \(10\) must be <= high \(5\)"),
+    (WorkloadSpec(output=LengthDist("zipf", low=1, high=10, theta=float("nan"))),
+     "output: zipf theta must be > 0, got nan"),
 ])
 def test_generator_errors(spec, message):
     with pytest.raises(InputError, match=message):
