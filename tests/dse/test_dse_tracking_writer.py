@@ -150,9 +150,9 @@ def test_search_returns_with_every_trial_in_mlflow(tmp_path, monkeypatch):
     rendered = {}
     real_render = dse.report_html.render_html
 
-    def render(space, df, front, exported, cdf):
+    def render(space, df, front, exported, cdf, **kw):
         rendered.update(front=sorted(int(t) for t in front["trial"]), cdf=sorted(cdf))
-        return real_render(space, df, front, exported, cdf)
+        return real_render(space, df, front, exported, cdf, **kw)
 
     monkeypatch.setattr(dse.report_html, "render_html", render)
     path = write_space(tmp_path, **SPACE)
