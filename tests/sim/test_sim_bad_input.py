@@ -169,6 +169,26 @@ def test_profile_out_refused_before_profiling(d, capsys, tmp_path, monkeypatch, 
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("flags,needles", [
+    (["--iterations", "-1"], ["--iterations", ">= 1", "-1"]),   # no flag was named
+    (["--hardware", "A" * 300], ["--hardware", "1-255 bytes"]),  # "File name too long"
+    (["--hardware", ".."], ["--hardware", "'..'"]),
+], ids=["iterations-negative", "hardware-too-long", "hardware-dotdot"])
+def test_profile_flags_refused_before_profiling(capsys, tmp_path, monkeypatch, flags, needles):
+    import sim.profiler
+
+    def no_profiling(*a, **k):
+        raise AssertionError("profiled before the flags were checked")
+
+    monkeypatch.setattr(sim.profiler, "profile_bundle", no_profiling, raising=False)
+    args = {"--model": "meta-llama/Llama-3.1-8B", "--hardware": "H100",
+            "--out": str(tmp_path / "out"), "--device": "cpu"}
+    args.update(dict(zip(flags[::2], flags[1::2])))
+    rc = main(["profile", *[x for kv in args.items() for x in kv], "--tiny"])
+    assert_one_line(capsys, rc, "llmsim", needles)
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- fuzzing
 def _guarded(fn, *args) -> int:
     """The CLI's contract for a loader: InputError -> 2, success -> 0; anything else
