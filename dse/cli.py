@@ -177,23 +177,14 @@ def cmd_search(a) -> int:
     for line in driver.timing_lines():
         print("  " + line)
     print(f"Pareto front: {res.pareto} configuration(s) -> {out / 'pareto.csv'}")
-    if res.pareto:
-        line = _best_neighbourhood_line(out)
-        if line:
-            print(line)
+    if res.best_note:
+        print(res.best_note)
     print(f"Report: {out / 'report.html'}   all trials: {out / 'trials.csv'}   "
           f"configs: {out / 'best'}/")
     print(f"MLflow: dse ui {out}")
     if res.pareto:
         _show(out, console=Console(), limit=10)
     return 0
-
-
-def _best_neighbourhood_line(out: Path) -> str | None:
-    from dse.report import best_neighbourhood_text, load_study
-
-    space, study, _ = load_study(out)
-    return best_neighbourhood_text(space, study.get_trials(deepcopy=False))
 
 
 def cmd_report(a) -> int:

@@ -114,8 +114,9 @@ def write_results(space: Space, study, out: Path, latency: dict[int, dict] | Non
     best_note = best_neighbourhood_text(space, study.get_trials(deepcopy=False)) \
         if len(front) else None
     (out / REPORT).write_text(render_html(space, df, front, exported, cdf,
-                                                   best_note=best_note))
-    return {"trials": len(df), "pareto_count": len(front), "exported": len(exported)}
+                                          best_note=best_note))
+    return {"trials": len(df), "pareto_count": len(front), "exported": len(exported),
+            "best_note": best_note}
 
 
 def best_neighbourhood_text(space: Space, trials) -> str | None:

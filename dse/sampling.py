@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DESIGN_ATTR", "Neighbourhood", "best_neighbourhood", "covering_size", "design_size",
            "enqueue_initial_design", "feasible_set", "initial_design", "make_sampler",
-           "objective_rank", "polish_share", "refuse_empty_space", "resolved_sampler",
+           "objective_rank", "polish_trials", "refuse_empty_space", "resolved_sampler",
            "sampler_settings"]
 
 #: study user attribute set once the initial design is enqueued (value: its size)
@@ -337,13 +337,10 @@ class LocalSearchSampler:
 
     # ------------------------------------------------------------ neighbours
     def _neighbour(self, study, rng) -> dict | None:
-        from optuna.trial import TrialState
-
         from dse.metrics import pareto_mask
 
         trials = study.get_trials(deepcopy=False)
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values
-                and "repeat_of" not in t.user_attrs]
+        done = _evaluated(trials)
         if len(done) < self.start_after:
             return None
         taken = set()
@@ -351,7 +348,7 @@ class LocalSearchSampler:
             p = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
             if p:
                 taken.add(self._key(p))  # (config_key completes the parameters itself)
-        feas = [t for t in done if all(v <= 0 for v in (t.constraints or {}).values())]
+        feas = [t for t in done if _meets_slos(t)]
         dirs = ["maximize" if d.name == "MAXIMIZE" else "minimize" for d in study.directions]
         if self.polish_from is not None and len(done) >= self.polish_from:
             picked = self._polish(feas, done, dirs, taken, rng)
@@ -433,6 +430,20 @@ class LocalSearchSampler:
         return same - differ
 
 
+def _evaluated(trials) -> list:
+    """The COMPLETE trials with objective values that were evaluated (a repeat's answer is
+    its first evaluation's, left out)."""
+    from optuna.trial import TrialState
+
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.values
+            and "repeat_of" not in t.user_attrs]
+
+
+def _meets_slos(trial) -> bool:
+    """Every SLO constraint of ``trial`` holds (a normalised constraint <= 0)."""
+    return all(v <= 0 for v in (trial.constraints or {}).values())
+
+
 def objective_rank(values, dirs: list[str]) -> list[float]:
     """Sort key of a trial's objective values, best first: by the objectives in their order
     (the first decides, ties go to the next)."""
@@ -451,9 +462,7 @@ def best_neighbourhood(space: Space, trials) -> dict | None:
     if not feasible:
         return None
     dirs = [o.direction for o in space.objectives]
-    feas = [t for t in trials if t.state == TrialState.COMPLETE and t.values
-            and "repeat_of" not in t.user_attrs
-            and all(v <= 0 for v in (t.constraints or {}).values())]
+    feas = [t for t in _evaluated(trials) if _meets_slos(t)]
     if not feas:
         return None
     best = min(feas, key=lambda t: (objective_rank(t.values, dirs), t.number))
@@ -522,10 +531,11 @@ def make_sampler(space: Space, seed: int, deterministic: bool, n_trials: int | N
     else:
         return optuna.samplers.RandomSampler(seed=seed)
     p = local_search_share(space)
-    n_polish = round(polish_share(space) * (n_trials or s.n_trials))
+    n = n_trials or s.n_trials
+    n_polish = polish_trials(space, n)
     feasible = feasible_set(space)
     if (p > 0 or n_polish > 0) and feasible:
-        polish_from = (n_trials or s.n_trials) - n_polish if n_polish > 0 else None
+        polish_from = n - n_polish if n_polish > 0 else None
         return LocalSearchSampler(base, space, feasible, p, seed, max(1, n_design), polish_from)
     return base
 
@@ -536,10 +546,11 @@ def local_search_share(space: Space) -> float:
     return DEFAULT_LOCAL_SEARCH if v is None else float(v)
 
 
-def polish_share(space: Space) -> float:
-    """The share of ``n_trials`` at the end spent around the best (``search.polish``)."""
+def polish_trials(space: Space, n_trials: int) -> int:
+    """The trials at the end of a budget of ``n_trials`` that polish the best
+    (``search.polish`` of them; the design, if longer, leaves fewer)."""
     v = getattr(space.search, "polish", None)
-    return DEFAULT_POLISH if v is None else float(v)
+    return round((DEFAULT_POLISH if v is None else float(v)) * n_trials)
 
 
 def sampler_settings(space: Space, seed: int, deterministic: bool,
@@ -561,6 +572,5 @@ def sampler_settings(space: Space, seed: int, deterministic: bool,
             # the polish follows the design (LocalSearchSampler.start_after): a budget
             # the design fills has none
             n = n_trials or s.n_trials
-            d["polish_trials"] = max(0, min(round(polish_share(space) * n),
-                                            n - d["initial_design"]))
+            d["polish_trials"] = max(0, min(polish_trials(space, n), n - d["initial_design"]))
     return d

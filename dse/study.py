@@ -113,6 +113,9 @@ class SearchSummary:
     nothing_to_run: bool = False
     #: (n_trials asked for, the cap) when the space has fewer distinct configurations
     capped: tuple[int, int] | None = None
+    #: how much of the best configuration's one-knob neighbourhood was simulated (the
+    #: report's line, dse.report.best_neighbourhood_text); None where not known
+    best_note: str | None = None
 
 
 class Driver:
@@ -163,6 +166,8 @@ class Driver:
         self._waiting: dict[str, list] = {}
         #: trial -> its TTFT/TPOT quantiles (dse.metrics.latency_quantiles), for the report
         self._latency: dict[int, dict] = {}
+        #: the report's line on the best configuration's neighbourhood (set by _finish)
+        self._best_note: str | None = None
 
     # ---------------------------------------------------------------- setup
     def _other_space(self, meta: dict) -> str:
@@ -566,7 +571,8 @@ class Driver:
                              f"{kind} ({self.pool.size} workers)" if kind == "ray" else kind,
                              dict(tm), complete_before, nothing_to_run,
                              (self.n_trials_asked, self.n_trials)
-                             if self.n_trials < self.n_trials_asked else None)
+                             if self.n_trials < self.n_trials_asked else None,
+                             self._best_note)
 
     def timing_lines(self) -> list[str]:
         """Where the seconds went, for the end of ``dse search``."""
@@ -750,6 +756,7 @@ class Driver:
 
         tm = self.timings
         self._pareto_count = 0
+        self._best_note = None
         writer = self.tracker
         t = time.perf_counter()
         try:
@@ -758,6 +765,7 @@ class Driver:
             files = write_results(self.space, study, self.out, self._latency,
                                   getattr(writer, "flush", None))
             self._pareto_count = files.get("pareto_count", 0)
+            self._best_note = files.get("best_note")
         except Exception as exc:  # noqa: BLE001 - results can be re-made with `dse report`
             log.warning("writing results failed: %s (rerun `dse report %s`)", exc, self.out)
         tm["report_s"] = time.perf_counter() - t

@@ -318,18 +318,14 @@ def _add_profile(sub) -> None:
 def _profile(args) -> int:
     from sim.model import load_model
     try:
-        from sim.profiler import profile_bundle
+        from sim.profiler import check_hardware_name, profile_bundle
     except ImportError as exc:
         raise InputError(f"the profiler is unavailable: {exc}") from None
     model = load_model(args.model, source="--model")
     if args.iterations < 1:
         raise InputError(f"--iterations must be >= 1 (timed samples per point), "
                          f"got {args.iterations}")
-    hw = args.hardware
-    if not hw or "/" in hw or hw in (".", "..") or len(hw.encode()) > 255:
-        raise InputError(f"--hardware {hw[:40]!r}{'...' if len(hw) > 40 else ''}: the "
-                         "bundle's folder name under --out, so 1-255 bytes without '/' "
-                         "(the catalogue's names: `llmsim profiles list`)")
+    check_hardware_name(args.hardware, "--hardware")
     writable_dir(args.out, "--out", " to file the bundle under")
     path = profile_bundle(model, args.hardware, Path(args.out), tp_degrees=tuple(args.tp),
                           device=args.device, iterations=args.iterations, tiny=args.tiny)

@@ -522,21 +522,14 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
         for r in sch.unread:
             r.queued_ns = start_ns
         sch.unread.clear()
-    deferred = _apply_block_events(sch, plan, steps, done)
+    _apply_block_events(sch, plan, steps, done)
     sch.preempted_last = []
     if plan.head_lookup is not None:
         hit_blocks, tokens = plan.head_lookup
         sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
         sch.kv.queried_tokens += steps * tokens
-    # (where every request's blocks to fill are private, their counts are set in
-    # _emit_tokens' pass over the requests: no pass of their own)
-    count_all = done > 0 and len(deferred) == len(running)
-    if deferred and not count_all:
-        _count_private(sch, plan, deferred, steps, done)
     if done:
-        _emit_tokens(running, plan, steps, completion_ns, itl_sink,
-                     sch.kv.block_size if count_all else 0,
-                     steps - (1 if sch.async_scheduling else 0))
+        _emit_tokens(running, plan, steps, completion_ns, itl_sink)
     else:
         for r, c0 in zip(running, plan.computed0):
             r.num_computed = c0 + steps
@@ -574,15 +567,12 @@ def finished_in(plan: LeapPlan, done: int) -> int:
 
 
 def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
-                 itl_sink: GapRuns, private_bs: int = 0, cached_steps: int = 0) -> None:
+                 itl_sink: GapRuns) -> None:
     """Set each request's counters after ``steps`` steps and the completions; each
     completion gives every request in its step one token: its inter-token gaps in the
     order ``Scheduler.complete`` appends them (a request without output gets its first
     token at the first completion: no gap). (Async) a request dropped from step d
-    finishes at completion d + 1. With ``private_bs`` (the block size, where every
-    request's blocks to fill are private) also ``_count_private``'s counts: in steady
-    decode c0 = input + o0 + ph - 1, so the last step's min(c0 + steps, input + o0 +
-    steps - 1) cached tokens are c0 + ``cached_steps`` (steps - ph)."""
+    finishes at completion d + 1."""
     done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
@@ -611,10 +601,6 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if m > r.itl_max_ns:
             r.itl_max_ns = m
         r.last_token_ns = last
-        if private_bs:
-            full = (c0 + cached_steps) // private_bs
-            if full > (r.cached_hashes or 0):
-                r.cached_hashes = full
     if not ending:
         _add_gaps(itl_sink, gaps, len(running))
         return
@@ -626,7 +612,6 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         r.num_computed = plan.computed0[i] + d
         r.num_output = plan.output0[i] + d + 1
         r.num_placeholders = 0
-        r.cached_hashes = None  # (freed: as free_request left it)
         r.status = FINISHED
         r.finish_ns = r.last_token_ns = completion_ns[d]
         m = first - last_token if plan.output0[i] else 0
@@ -664,7 +649,7 @@ def _add_gaps(itl_sink: GapRuns, gaps: list[int], n: int) -> None:
     counts += [n] * (len(gaps) - k)
 
 
-def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> list[int]:
+def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -> None:
     """Run the KV-cache code where step-by-step simulation would leave its fast path:
     a step that starts a block or fills one (allocate), and (async) a completion that
     fills one (cache_blocks). Events go in the order step-by-step simulation meets them:
@@ -672,9 +657,8 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     within a phase, and (async) the blocks of the requests finishing at a completion
     freed after it. Each candidate phase (``_candidates``) re-checks the exact condition.
     A request whose blocks to fill are private (``KVCacheManager.defers_private``) only
-    counts them: its count is set once, at the end (``_count_private``; these requests
-    are returned). Where no event enters a block in the table, the allocations between
-    two frees take their blocks at once."""
+    counts them: its count is set once, at the end. Where no event enters a block in the
+    table, the allocations between two frees take their blocks at once."""
     kv = sch.kv
     n = len(sch.running) + 1  # index len(running): the finishing requests' blocks freed
     keys, frees, deferred, exact = _candidates(sch, plan, steps, done, n)
@@ -685,10 +669,11 @@ def _apply_block_events(sch: Scheduler, plan: LeapPlan, steps: int, done: int) -
     else:
         keys.sort()
         _replay_allocations(sch, keys, n, frees)
+    if deferred:
+        _count_private(sch, plan, deferred, steps, done)
     freed = sum(plan.freed_at[:done + 1])
     if free_before - kv.num_free != plan.pops_through[steps - 1] - freed:
         raise RuntimeError("event leap: block allocations differ from the plan")
-    return deferred
 
 
 def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,

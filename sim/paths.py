@@ -18,31 +18,30 @@ def shared_data_root() -> Path:
     return Path(os.environ.get("LLMSIM_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
-def is_file(path: str | Path) -> bool:
-    """``Path.is_file``, but False where no file can have that name (longer than the file
-    system allows, ENAMETOOLONG), so a name from an input file that is probed as a path
-    too (a model, a hardware's bundle folder, a PIM config) reads as the unknown name it
+def _probe(path: str | Path, test) -> bool:
+    """``test(Path(path))``, but False where nothing can have that name (longer than the file
+    system allows, ENAMETOOLONG): a name from an input file that is probed as a path too
+    (a model, a hardware's bundle folder, a PIM config) then reads as the unknown name it
     is instead of an OSError naming the probed path."""
     try:
-        return Path(path).is_file()
+        return test(Path(path))
     except OSError:
         return False
+
+
+def is_file(path: str | Path) -> bool:
+    """``Path.is_file`` (see :func:`_probe`)."""
+    return _probe(path, Path.is_file)
 
 
 def is_dir(path: str | Path) -> bool:
-    """``Path.is_dir``, False where no folder can have that name (see :func:`is_file`)."""
-    try:
-        return Path(path).is_dir()
-    except OSError:
-        return False
+    """``Path.is_dir`` (see :func:`_probe`)."""
+    return _probe(path, Path.is_dir)
 
 
 def exists(path: str | Path) -> bool:
-    """``Path.exists``, False where nothing can have that name (see :func:`is_file`)."""
-    try:
-        return Path(path).exists()
-    except OSError:
-        return False
+    """``Path.exists`` (see :func:`_probe`)."""
+    return _probe(path, Path.exists)
 
 
 def writable_dir(path: str | Path, flag: str, purpose: str = "") -> Path:

@@ -457,9 +457,10 @@ class _Block:
         q_lens = ([pc] if pc else []) + [1] * nd
         k_lens = ([pc + kp] if pc else []) + [kd] * nd
         n_k = sum(k_lens)
-        kbuf, vbuf = self._kv(n_k * d.kv_heads * d.head_dim)
-        k = kbuf[:n_k * d.kv_heads * d.head_dim].view(n_k, d.kv_heads, d.head_dim)
-        v = vbuf[:n_k * d.kv_heads * d.head_dim].view(n_k, d.kv_heads, d.head_dim)
+        size = n_k * d.kv_heads * d.head_dim
+        kbuf, vbuf = self._kv(size)
+        k = kbuf[:size].view(n_k, d.kv_heads, d.head_dim)
+        v = vbuf[:size].view(n_k, d.kv_heads, d.head_dim)
         q = torch.randn(sum(q_lens), d.heads, d.head_dim, device=self.device, dtype=self.dtype)
         cu_q = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32,
                             device=self.device)
@@ -557,10 +558,18 @@ def _write_csv(path: Path, header: Sequence[str], rows: list[tuple]) -> None:
             w.writerow([_fmt(v) if isinstance(v, float) else v for v in r])
 
 
+def check_hardware_name(hardware: str, what: str = "hardware name") -> None:
+    """The name a bundle is filed under is one folder name: 1-255 bytes, no '/'."""
+    if not hardware or "/" in hardware or hardware in (".", "..") \
+            or len(hardware.encode()) > 255:
+        shown = f"{hardware[:40]!r}{'...' if len(hardware) > 40 else ''}"
+        raise InputError(f"{what} {shown}: the bundle's folder name, so 1-255 bytes "
+                         "without '/' (the catalogue's names: `llmsim profiles list`)")
+
+
 def _check_inputs(model: ModelSpec, hardware: str, tp_degrees, iterations: int,
                   warmup: int, device: str) -> str:
-    if not hardware or "/" in hardware or hardware in (".", ".."):
-        raise InputError(f"invalid hardware name {hardware!r}")
+    check_hardware_name(hardware)
     if model.architecture not in ("llama", "qwen3", "qwen3_moe", "mixtral"):
         raise InputError(f"the profiler does not know architecture {model.architecture!r}")
     if not tp_degrees:
