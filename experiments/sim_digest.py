@@ -192,19 +192,17 @@ def scenarios(quick: bool = False):
 
 def _moe_case(async_: bool):
     sys.path.insert(0, str(REPO / "experiments"))
-    from validate_vllm import _resolved_moe_options
+    from validate_vllm import run_settings
 
     folder = shared_data_root() / MOE
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
-    kw = meta["engine_kwargs"]
     cluster = sim.load_cluster(folder / "cluster.json")
-    util = meta.get("kv_cache", {}).get("gpu_memory_utilization")
+    settings = run_settings(meta)
+    util = settings.pop("gpu_memory_utilization", None)
     if util:
         cluster = cluster.with_mem_util(util)
-    opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
-                          max_num_batched_tokens=kw["max_num_batched_tokens"],
-                          max_model_len=kw.get("max_model_len"), async_scheduling=async_,
-                          **_resolved_moe_options(meta))
+    settings.pop("num_gpu_blocks_override", None)
+    opts = sim.SimOptions(**{**settings, "async_scheduling": async_})
     wl = sim.load_jsonl(shared_data_root() / meta["dataset_path"], limit=120)
     return cluster, wl, opts
 

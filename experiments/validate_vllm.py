@@ -88,39 +88,166 @@ def run_validation(folder: Path, latency_provider: str = "measured",
                    async_scheduling: bool | None = None, kv_blocks_from_run: bool = False,
                    kv_blocks: int | None = None, **option_overrides):
     """Replay one validation folder; returns (the simulator's RunResult, meta.json).
-    ``async_scheduling`` None follows the run's resolved config (else the version's default).
-    ``kv_blocks_from_run`` replays with the KV block count vLLM logged (its
-    num_gpu_blocks_override) instead of the count the simulator derives from memory;
+    The engine settings are the run's own (``run_settings``). ``async_scheduling`` None
+    follows the run; ``kv_blocks_from_run`` replays with the KV block count vLLM logged
+    (its num_gpu_blocks_override) instead of the count the simulator derives from memory;
     ``kv_blocks`` replays with that many; ``option_overrides`` replace any other SimOptions
     field (a test turns event leaping off to see every step)."""
     meta = load_meta(folder)
-    kw = meta["engine_kwargs"]
     kv = meta.get("kv_cache", {})
     dataset = shared_data_root() / meta["dataset_path"]
     cluster = sim.load_cluster(cluster_file(folder))
-    if kv.get("gpu_memory_utilization"):
+    settings = run_settings(meta)
+    check_parallelism(meta, cluster, cluster_file(folder))
+    util = settings.pop("gpu_memory_utilization", None)
+    if util:
         # vLLM's own setting, not a value calibrated in cluster.json: the KV capacity
         # follows from it as vLLM derives it (sim/memory.py).
-        cluster = cluster.with_mem_util(kv["gpu_memory_utilization"])
+        cluster = cluster.with_mem_util(util)
+    override = settings.pop("num_gpu_blocks_override", None)
     if kv_blocks_from_run and kv.get("num_gpu_blocks"):
         # (a run that logged no count is replayed with the derived one)
         kv_blocks = int(kv["num_gpu_blocks"])
-    if kv_blocks:
+    if kv_blocks or override:
         cluster = cluster.map_instances(
-            lambda i: replace(i, num_gpu_blocks_override=kv_blocks))
-    opts = sim.SimOptions(max_num_seqs=kw["max_num_seqs"],
-                          max_num_batched_tokens=kw["max_num_batched_tokens"],
-                          max_model_len=kw.get("max_model_len"),
-                          block_size=kv.get("block_size", 16),
-                          enable_prefix_caching=kv.get("enable_prefix_caching", True),
-                          vllm_version=meta.get("vllm_version", "0.19.0"),
-                          async_scheduling=async_scheduling if async_scheduling is not None
-                          else meta.get("resolved_config", {}).get(
-                              "scheduler_config", {}).get("async_scheduling"),
-                          latency_provider=latency_provider,
-                          **{**_resolved_moe_options(meta), **option_overrides})
+            lambda i: replace(i, num_gpu_blocks_override=kv_blocks or override))
+    if async_scheduling is not None:
+        settings["async_scheduling"] = async_scheduling
+    opts = sim.SimOptions(latency_provider=latency_provider,
+                          **{**settings, **option_overrides})
     workload = sim.load_jsonl(dataset, limit=meta.get("num_requests"))
     return sim.simulate(cluster, workload, opts), meta
+
+
+#: vLLM engine settings a replay takes from the run: SimOptions field (or the two the
+#: harness applies to the cluster) -> where vLLM records it: the section and field of its
+#: resolved config (what the engine really ran with), then the engine argument (what the
+#: run asked for), then meta.json's kv_cache summary.
+RUN_SETTINGS = {
+    "max_num_seqs": ("scheduler_config", "max_num_seqs", "max_num_seqs"),
+    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens",
+                               "max_num_batched_tokens"),
+    "long_prefill_token_threshold": ("scheduler_config", "long_prefill_token_threshold",
+                                     "long_prefill_token_threshold"),
+    "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill",
+                               "enable_chunked_prefill"),
+    "reserve_full_isl": ("scheduler_config", "scheduler_reserve_full_isl",
+                         "scheduler_reserve_full_isl"),
+    "async_scheduling": ("scheduler_config", "async_scheduling", "async_scheduling"),
+    "scheduling_policy": ("scheduler_config", "policy", "scheduling_policy"),
+    "block_size": ("cache_config", "block_size", "block_size"),
+    "enable_prefix_caching": ("cache_config", "enable_prefix_caching", "enable_prefix_caching"),
+    "kv_cache_dtype": ("cache_config", "cache_dtype", "kv_cache_dtype"),
+    "gpu_memory_utilization": ("cache_config", "gpu_memory_utilization",
+                               "gpu_memory_utilization"),
+    "num_gpu_blocks_override": ("cache_config", "num_gpu_blocks_override",
+                                "num_gpu_blocks_override"),
+    "max_model_len": ("model_config", "max_model_len", "max_model_len"),
+    "quantization": ("model_config", "quantization", "quantization"),
+    "all2all_backend": ("parallel_config", "all2all_backend", "all2all_backend"),
+    "disable_custom_all_reduce": ("parallel_config", "disable_custom_all_reduce",
+                                  "disable_custom_all_reduce"),
+    "max_cudagraph_capture_size": ("compilation_config", "max_cudagraph_capture_size",
+                                   "max_cudagraph_capture_size"),
+}
+
+#: settings of a run the simulator does not model: (section, field, engine argument, the
+#: value at which it changes nothing); a run that set another value is refused, since its
+#: replay would compare a different engine
+UNMODELLED = (
+    ("cache_config", "kv_cache_memory_bytes", "kv_cache_memory_bytes", None),
+    ("parallel_config", "enable_dbo", "enable_dbo", False),
+    ("parallel_config", "enable_eplb", "enable_eplb", False),
+    ("parallel_config", "decode_context_parallel_size", "decode_context_parallel_size", 1),
+    ("parallel_config", "prefill_context_parallel_size", "prefill_context_parallel_size", 1),
+    ("speculative_config", None, "speculative_config", None),
+    ("lora_config", None, "enable_lora", None),
+)
+
+
+def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
+    """(found, value) of one engine setting: the resolved config's, else the engine
+    argument's, else meta.json's kv_cache summary's."""
+    resolved = meta.get("resolved_config")
+    part = resolved.get(section) if isinstance(resolved, dict) else None
+    if field is None and isinstance(resolved, dict) and section in resolved:
+        return True, part
+    if isinstance(part, dict) and field in part:
+        return True, part[field]
+    for where in (meta.get("engine_kwargs"), meta.get("kv_cache")):
+        if isinstance(where, dict) and kwarg in where:
+            return True, where[kwarg]
+    return False, None
+
+
+def run_settings(meta: dict) -> dict:
+    """The SimOptions of the run ``meta`` records (plus ``gpu_memory_utilization`` and
+    ``num_gpu_blocks_override`` for the cluster): every setting in RUN_SETTINGS the run
+    records, the simulated vLLM version, and eager mode (``enforce_eager`` or a
+    cudagraph_mode of NONE: no CUDA graphs, max_cudagraph_capture_size 0). Settings the run
+    left out keep the simulator's defaults (vLLM 0.19's). Raises InputError naming the
+    field when the run used a feature the simulator does not model (UNMODELLED) or a
+    value SimOptions refuses."""
+    from sim.errors import InputError
+
+    source = "vllm/meta.json"
+    for section, field, kwarg, neutral in UNMODELLED:
+        found, value = _recorded(meta, section, field, kwarg)
+        if found and value not in (neutral, None, {}, False if neutral is False else None):
+            name = f"resolved_config.{section}" + (f".{field}" if field else "")
+            raise InputError(f"{name} (or engine_kwargs.{kwarg}) is {value!r}: the simulator "
+                             "does not model it, so this run cannot be replayed like for like",
+                             source=source)
+    settings: dict = {"vllm_version": str(meta.get("vllm_version") or "0.19.0")}
+    for option, (section, field, kwarg) in RUN_SETTINGS.items():
+        found, value = _recorded(meta, section, field, kwarg)
+        if found and value is not None:
+            settings[option] = value
+    found, eager = _recorded(meta, "model_config", "enforce_eager", "enforce_eager")
+    _, mode = _recorded(meta, "compilation_config", "cudagraph_mode", "cudagraph_mode")
+    if (found and eager is True) or mode in (0, "NONE", [0, 0]):
+        settings["max_cudagraph_capture_size"] = 0
+    if settings.get("quantization") in ("none", ""):
+        settings.pop("quantization")
+    try:
+        probe = {k: v for k, v in settings.items()
+                 if k not in ("gpu_memory_utilization", "num_gpu_blocks_override")}
+        sim.SimOptions(**probe).validate()
+    except (InputError, TypeError, ValueError) as exc:
+        raise InputError(f"an engine setting the simulator cannot take: {exc}",
+                         source=source) from None
+    return settings
+
+
+def check_parallelism(meta: dict, cluster, path: Path) -> None:
+    """The run's tensor/pipeline/data parallel sizes and expert parallelism (as meta.json
+    records them) are the cluster file's: each instance's tp_size and pp_size, its DP
+    group's size, ep_size = dp x tp under expert parallelism. A folder whose files
+    disagree would replay another deployment than the one measured; it is refused."""
+    from sim.errors import InputError
+    from sim.validate import dp_group_size
+
+    want = {}
+    for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                  "enable_expert_parallel"):
+        found, value = _recorded(meta, "parallel_config", field, field)
+        if found and value is not None:
+            want[field] = value
+    for inst in cluster.instances:
+        dp = dp_group_size(cluster, inst)
+        tp = want.get("tensor_parallel_size", inst.tp_size)
+        has = {"tensor_parallel_size": inst.tp_size, "pipeline_parallel_size": inst.pp_size,
+               "data_parallel_size": dp}
+        if want.get("enable_expert_parallel"):
+            has["ep_size (dp x tp under enable_expert_parallel)"] = inst.ep_size
+            want["ep_size (dp x tp under enable_expert_parallel)"] = (
+                want.get("data_parallel_size", dp) * tp)
+        for field, value in has.items():
+            if field in want and want[field] != value:
+                raise InputError(
+                    f"the run's {field} is {want[field]} (vllm/meta.json) but instance "
+                    f"{inst.instance_id} of the cluster file has {value}: the two files "
+                    "describe different deployments", source=str(path))
 
 
 def load_meta(folder: Path) -> dict:
@@ -189,20 +316,6 @@ def _block_error(info: dict) -> str:
     if not real or len(simulated) != 1:
         return ""
     return f" ({100.0 * (simulated.pop() - real) / real:+.2f}%)"
-def _resolved_moe_options(meta: dict) -> dict:
-    """The MoE/DP settings vLLM resolved (when meta.json records them; else the
-    simulator's defaults, which are vLLM 0.19's)."""
-    resolved = meta.get("resolved_config", {})
-    out = {}
-    a2a = resolved.get("parallel_config", {}).get("all2all_backend")
-    if a2a:
-        out["all2all_backend"] = a2a
-    cap = resolved.get("compilation_config", {}).get("max_cudagraph_capture_size")
-    if isinstance(cap, int):
-        out["max_cudagraph_capture_size"] = cap
-    return out
-
-
 def error_table(measured: dict, simulated: dict) -> list[tuple[str, str, float, float, float]]:
     rows = []
     for m in METRICS:
