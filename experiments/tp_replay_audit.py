@@ -9,11 +9,12 @@ cluster.json: its node, link and npu_mem), with one instance of the model at the
 the engine settings are the RTX 4090 run's (max_num_seqs 256, max_num_batched_tokens 2048,
 max_model_len 32768, async scheduling, prefix caching, gpu_memory_utilization 0.9).
 
-Table 1, the replays: KV blocks as the simulator derives them beside vLLM 0.19's code-derived
-terms (experiments/vllm_memory_audit.py: the Triton sampler's peak over the whole vocabulary,
-which every TP rank holds after the logits' all-gather, and the cuBLAS workspace; the
-non-torch term is sim/memory.py's, and the last column the blocks with the 0.60 GiB the
-RTX 4090 run implies), and the latency statistics.
+Table 1, the replays: KV blocks as the simulator derives them (sim/memory.py: vLLM 0.19's
+profile-run terms, the Triton sampler's peak over the whole vocabulary, which every TP rank
+holds after the logits' all-gather, and the cuBLAS workspace; the RTX PRO 6000 has no
+catalogued non-torch term, so the default), beside the blocks with the RTX 4090's implied
+non-torch term in its place (a bound on what an uncatalogued term does), and the latency
+statistics.
 
 Table 2, the step times: the simulator's step (system backend, CUDA-graph padding, TP
 collectives) against the bundle's own rows summed by hand from the CSVs (dense rows at the
@@ -27,15 +28,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+from dataclasses import replace
 import json
 import sys
 from pathlib import Path
 
 import sim
-from sim.cluster import GiB
-from sim.hardware import load_hardware
 from sim.latency.base import BatchShape
-from sim.memory import (NON_TORCH_BASE_BYTES, device_total_bytes, forward_peak_bytes,
+from sim.memory import (DeviceTraits, activation_peak_bytes, device_total_bytes, device_traits,
                         non_torch_bytes, request_memory, weight_bytes)
 from sim.model import load_model
 from sim.paths import shared_data_root
@@ -46,7 +46,6 @@ CASES = (("meta-llama/Llama-3.1-8B", 1, "sharegpt-llama-3.1-8b-300-sps10.jsonl")
          ("Qwen/Qwen3-32B", 2, "sharegpt-qwen3-32b-300-sps10.jsonl"))
 HARDWARE = "RTXPRO6000"
 VISIBLE = "validation/RTXPRO6000-Qwen3-30B-A3B-DP2-EP2/cluster.json"
-RTX4090_IMPLIED_NON_TORCH = int(0.60 * GiB)  # experiments/vllm_memory_audit.py
 
 
 def cluster_for(model: str, tp: int) -> sim.ClusterConfig:
@@ -68,18 +67,14 @@ def options(args) -> sim.SimOptions:
                           latency_provider="measured")
 
 
-def vllm_blocks(inst_cfg, model, tp: int, args, non_torch: int) -> int:
-    """KV blocks from vLLM 0.19's terms (the memory audit's, at ``tp``)."""
-    from experiments.vllm_memory_audit import cublas_workspace_bytes, sampler_phase_bytes
-
-    hw = load_hardware(HARDWARE)
-    tokens, rows = args.max_num_batched_tokens, min(args.max_num_seqs,
-                                                    args.max_num_batched_tokens)
-    peak = max(forward_peak_bytes(model, tokens, tp, 1),
-               sampler_phase_bytes(model, tokens, rows, hw.num_sms)) \
-        + cublas_workspace_bytes(hw.compute_capability)
+def blocks_with_non_torch(inst_cfg, model, tp: int, args, device: DeviceTraits) -> int:
+    """KV blocks of one TP worker on ``device`` (its non-torch term in place of the
+    instance's hardware's), the rest as sim/memory.py derives them."""
+    peak = activation_peak_bytes(model, tp, 1, args.max_num_batched_tokens,
+                                 args.max_num_seqs, device)
     requested = request_memory(device_total_bytes(inst_cfg), inst_cfg.npu_mem.mem_util)
-    kv = requested - weight_bytes(model, tp, 1, 1) - peak - non_torch
+    kv = (requested - weight_bytes(model, tp, 1, 1) - peak
+          - non_torch_bytes(inst_cfg, device=device))
     return max(0, kv) // (model.kv_bytes_per_token(tp, 1) * 16)
 
 
@@ -91,13 +86,12 @@ def replay_row(model_name: str, tp: int, workload: str, args) -> list[str]:
                                                limit=300), options(args))
     s = res.summary
     blocks = s["kv_blocks"]["0"]
-    nt = non_torch_bytes(inst)
-    code = vllm_blocks(inst, model, tp, args, nt)
-    implied = vllm_blocks(inst, model, tp, args, RTX4090_IMPLIED_NON_TORCH
-                          + nt - NON_TORCH_BASE_BYTES)
+    as_4090 = replace(device_traits(HARDWARE),
+                      non_torch_bytes=device_traits("RTX4090").non_torch_bytes)
+    implied = blocks_with_non_torch(inst, model, tp, args, as_4090)
     ttft, tpot, e2e = s["engine_ttft_ms"], s["tpot_ms"], s["engine_latency_ms"]
     return [f"{model_name.split('/')[1]} tp{tp}", f"{blocks:,}",
-            f"{code:,} ({100 * (blocks - code) / code:+.1f}%)", f"{implied:,}",
+            f"{implied:,} ({100 * (implied - blocks) / blocks:+.1f}%)",
             f"{ttft['mean']:,.0f}", f"{ttft['p90']:,.0f}", f"{tpot['mean']:.2f}",
             f"{tpot['p90']:.2f}", f"{e2e['mean']:,.0f}", str(s["preemptions"]),
             str(s.get("latency_off_grid_lookups", 0))]
@@ -163,7 +157,7 @@ def main(argv=None) -> int:
         return 2
     print(f"RTX PRO 6000 replays (max_num_seqs {args.max_num_seqs}, max_num_batched_tokens "
           f"{args.max_num_batched_tokens}); times in ms\n")
-    print(_table(["case", "KV blocks sim", "vLLM 0.19 terms", "non-torch 0.60 GiB",
+    print(_table(["case", "KV blocks sim", "with the RTX 4090's non-torch",
                   "TTFT mean", "TTFT p90", "TPOT mean", "TPOT p90", "E2E mean",
                   "preempted", "off-grid"],
                  [replay_row(m, tp, w, args) for m, tp, w in CASES]))

@@ -8,8 +8,8 @@ memory_profiling) sizes the KV cache as
     ceil(total x gpu_memory_utilization) - weights - torch peak increase - non-torch increase
     [- CUDA-graph estimate, only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; default 0]
 
-and prints, for each case, every term three ways: derived here from vLLM 0.19's code paths,
-as sim/memory.py computes it, and as vLLM logged it (where a log exists):
+and prints, for each case, every term as sim/memory.py computes it from vLLM 0.19's code
+paths and as vLLM logged it (where a log exists):
 
 - weights: the parameters in the model dtype plus the rotary cos/sin table (the loader's
   DeviceMemoryProfiler, "Model loading took").
@@ -41,8 +41,10 @@ as sim/memory.py computes it, and as vLLM logged it (where a log exists):
   by model, PP2 workers 0.07 GiB: their NCCL warm-up launched kernels before the first
   snapshot) but its size is a property of the compiled kernels (FlashAttention 2 on the
   4090, FlashAttention 3 on H100, cuBLAS, the inductor/Triton kernels of the model), not
-  of vLLM's Python code or the config: the audit prints the per-thread size each logged or
-  implied term would mean, and MEASUREMENT_NEEDED says how to settle it.
+  of vLLM's Python code or the config: sim/memory.py takes it per device from the hardware
+  catalogue (``vllm_non_torch_GiB``: H100's as logged, the RTX 4090's as its run's block
+  count implies). The audit prints the per-thread size each logged or implied term would
+  mean, and MEASUREMENT_NEEDED says how to measure the 4090's directly.
 - CUDA graphs: estimated by profile_cudagraph_memory but not subtracted in 0.19 by default.
 
 The H100 cases are vLLM 0.19.0 DEBUG start-up logs published by llm-d-incubation/llm-d-planner
@@ -60,41 +62,13 @@ from pathlib import Path
 
 from sim.cluster import GiB
 from sim.hardware import load_hardware
-from sim.memory import (NON_TORCH_BASE_BYTES, activation_peak_bytes, forward_peak_bytes,
-                        request_memory, weight_bytes)
+from sim.memory import (cublas_workspace_bytes, device_traits, forward_peak_bytes,
+                        request_memory, sampler_peak_bytes, weight_bytes)
 from sim.model import ModelSpec, load_model
 from sim.paths import shared_data_root
 
 MiB = 1 << 20
 SWEEP = "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/"
-
-
-def cublas_workspace_bytes(compute_capability: str) -> int:
-    """PyTorch's default cuBLAS workspace per (handle, stream), allocated through the
-    caching allocator on the first GEMM (CublasHandlePool.cpp parseChosenWorkspaceSize)."""
-    major = int(str(compute_capability).split(".")[0])
-    return 4096 * 8 * 1024 if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
-
-
-def triton_scratch_rows(num_sms: int, rows: int) -> int:
-    """Rows of the Triton top-k/top-p kernel's cached scratch buffer (apply_top_k_top_p_triton:
-    NUM_PROGRAMS = min(SMs, rows); size = min(next_power_of_2(NUM_PROGRAMS), SMs)); 0 below
-    8 rows, where vLLM 0.19 takes the PyTorch sort path instead."""
-    if rows < 8:
-        return 0
-    programs = min(num_sms, rows)
-    return min(1 << (programs - 1).bit_length(), num_sms)
-
-
-def sampler_phase_bytes(model: ModelSpec, tokens: int, rows: int, num_sms: int) -> int:
-    """Live bytes at the peak of vLLM 0.19's dummy sampler run (see the module docstring)."""
-    if rows < 8:
-        raise ValueError("the audit covers the Triton sampler path (max_num_seqs >= 8)")
-    h, v, dt = model.hidden_size, model.vocab_size, model.dtype_bytes
-    hidden = tokens * h * dt + 2 * rows * h * dt
-    logits = rows * v * (dt + 4 + 4 + 4)       # model dtype, float32 copy, probs, noise q
-    scratch = triton_scratch_rows(num_sms, rows) * v * 4
-    return hidden + logits + scratch
 
 
 @dataclass
@@ -112,13 +86,14 @@ class Derived:
 
 
 def derive(model: ModelSpec, hardware: str, tokens: int, rows: int) -> Derived:
-    hw = load_hardware(hardware)
-    if hw.num_sms is None or hw.compute_capability is None:
+    """The terms of one single-GPU worker as sim/memory.py computes them."""
+    dev = device_traits(hardware)
+    if dev.num_sms is None or dev.compute_capability is None:
         raise ValueError(f"hardware {hardware!r} needs num_sms and compute_capability")
     return Derived(weights=weight_bytes(model, 1, 1, 1),
                    forward=forward_peak_bytes(model, tokens, 1, 1),
-                   sampler=sampler_phase_bytes(model, tokens, rows, hw.num_sms),
-                   cublas=cublas_workspace_bytes(hw.compute_capability))
+                   sampler=sampler_peak_bytes(model, tokens, rows, dev.num_sms),
+                   cublas=cublas_workspace_bytes(dev.compute_capability))
 
 
 @dataclass
@@ -232,7 +207,7 @@ def _row(term: str, derived: str, ours: str, logged: str) -> str:
 
 def report(case: Case) -> list[str]:
     d = derive(case.model, case.hardware, case.tokens, case.rows)
-    ours_peak = activation_peak_bytes(case.model, 1, 1, case.tokens, case.max_num_seqs)
+    non_torch = device_traits(case.hardware).non_torch_bytes
     lg = case.logged
     logged = lambda k: f"{lg[k]:.2f} GiB" if k in lg else "-"  # noqa: E731
     hw = load_hardware(case.hardware)
@@ -240,27 +215,25 @@ def report(case: Case) -> list[str]:
            f"max_num_batched_tokens {case.tokens}, max_num_seqs {case.max_num_seqs}, "
            f"gpu_memory_utilization {case.mem_util}",
            f"  source: {case.source}",
-           _row("term", "vLLM 0.19 code", "sim/memory.py", "vLLM logged"),
-           _row("weights", _gib(d.weights), _gib(d.weights), logged("weights")),
-           _row("torch peak increase", _gib(d.torch_peak), _gib(ours_peak), logged("torch_peak")),
+           _row("term", "sim/memory.py", "", "vLLM logged"),
+           _row("weights", _gib(d.weights), "", logged("weights")),
+           _row("torch peak increase", _gib(d.torch_peak), "", logged("torch_peak")),
            _row("  forward pass", _gib(d.forward), "", ""),
            _row(f"  sampler run ({case.rows} rows)", _gib(d.sampler), "", ""),
            _row("  cuBLAS workspace", f"{d.cublas / MiB:.3f} MiB", "", ""),
-           _row("non-torch increase", "(no code path)", _gib(NON_TORCH_BASE_BYTES),
-                logged("non_torch")),
-           _row("CUDA graphs (subtracted)", "0 (env default off)", "0", "-")]
+           _row("non-torch increase", _gib(non_torch), "(catalogue)", logged("non_torch")),
+           _row("CUDA graphs (subtracted)", "0 (env default off)", "", "-")]
     if "cudagraph_estimate" in lg:
         out.append(_row("  CUDA-graph estimate", "(not subtracted)", "",
                         f"{lg['cudagraph_estimate']:.2f} GiB"))
     if "torch_peak" in lg:
         off = d.torch_peak / GiB - lg["torch_peak"]
-        out.append(f"  torch peak: code {d.torch_peak / GiB:.4f} GiB vs logged "
-                   f"{lg['torch_peak']:.2f} (format_gib, +-0.005): {off:+.4f} GiB; "
-                   f"sim/memory.py's sort-based sampler {ours_peak / GiB - lg['torch_peak']:+.3f}")
+        out.append(f"  torch peak: sim {d.torch_peak / GiB:.4f} GiB vs logged "
+                   f"{lg['torch_peak']:.2f} (format_gib, +-0.005): {off:+.4f} GiB")
     if "non_torch" in lg:
         out.append(_lmem_line(case.hardware, lg["non_torch"] * GiB, "logged"))
     if case.logged_blocks is not None and case.total_bytes:
-        out += _block_lines(case, d, ours_peak)
+        out += _block_lines(case, d, non_torch)
     return out
 
 
@@ -270,25 +243,22 @@ def _lmem_line(hardware: str, non_torch: float, what: str) -> str:
             f"is {non_torch / n:,.0f} B per thread over {n:,} resident threads")
 
 
-def _block_lines(case: Case, d: Derived, ours_peak: int) -> list[str]:
+def _block_lines(case: Case, d: Derived, non_torch: int) -> list[str]:
     lo, hi = implied_non_torch(case, d)
-    ours = blocks_with(case, d.weights, ours_peak, NON_TORCH_BASE_BYTES)
-    peak_only = blocks_with(case, d.weights, d.torch_peak, NON_TORCH_BASE_BYTES)
-    off = 100 * (peak_only - case.logged_blocks) / case.logged_blocks
+    ours = blocks_with(case, d.weights, d.torch_peak, non_torch)
     return [
-        f"  KV blocks: vLLM logged {case.logged_blocks}; sim/memory.py {ours}; code-derived "
-        f"peak with sim's {NON_TORCH_BASE_BYTES / GiB:.2f} GiB non-torch {peak_only} "
-        f"({off:+.1f}%)",
-        f"  switching sim's sampler term to 0.19's alone: {peak_only} blocks, "
-        + ("within 1%" if abs(off) <= 1 else "outside 1%: sim/memory.py keeps both terms"),
-        f"  non-torch that {case.logged_blocks} blocks imply with the code-derived peak: "
-        f"{(lo + 1) / GiB:.4f}..{hi / GiB:.4f} GiB (H100 vLLM 0.19 logs: 0.24-0.25 GiB)",
+        f"  KV blocks: vLLM logged {case.logged_blocks}; sim/memory.py {ours} "
+        f"({100 * (ours - case.logged_blocks) / case.logged_blocks:+.2f}%)",
+        f"  non-torch that {case.logged_blocks} blocks imply: {(lo + 1) / GiB:.4f}.."
+        f"{hi / GiB:.4f} GiB (the catalogue's {case.hardware}: {non_torch / GiB:.4f} GiB; "
+        "H100 vLLM 0.19 logs: 0.24-0.25 GiB)",
         _lmem_line(case.hardware, (lo + 1 + hi) / 2, "implied"),
     ]
 
 
 MEASUREMENT_NEEDED = """\
-What would settle the non-torch term on the RTX 4090 (no code path determines it): one
+The RTX 4090's catalogued non-torch term is implied by its run's logged block count, not
+logged. What would measure it (no code path determines it): one
 start-up of the validation run's engine (vLLM 0.19.0, torch 2.10.0+cu128, the same
 engine_kwargs) with VLLM_LOGGING_LEVEL=DEBUG, keeping from its log
   "worker init memory snapshot: ... non_torch_memory=..."        (before the window)

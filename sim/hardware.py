@@ -89,6 +89,12 @@ class HardwareSpec:
     #: inside a CUDA graph: {tp: ((bytes, us), ...)}, bytes increasing
     #: (sim.backend.measured_all_reduce). Empty: not measured.
     vllm_all_reduce_us: dict = field(default_factory=dict)
+    #: the "non-torch forward increase memory" vLLM 0.19 logs for a single-GPU worker on
+    #: this device, GiB: driver-side memory the profile run leaves (kernel images, the
+    #: local-memory reservation for every resident thread), a property of the device and
+    #: the compiled kernels that no code path sizes (sim.memory). None: sim.memory's
+    #: default (what H100 logs).
+    vllm_non_torch_GiB: float | None = None
 
     @property
     def mem_visible_fraction(self) -> float:
@@ -137,7 +143,8 @@ def _number(d: dict, key: str, source: str) -> float:
 _POSITIVE = ("mem_size_GiB", "mem_bw_GBps", "link_bw_GBps", "scale_out_bw_GBps",
              "measured_mem_bw_GBps", "measured_link_bw_GiBps")
 _NON_NEGATIVE = ("link_latency_ns", "power_idle_W", "power_tdp_W", "scale_out_latency_ns",
-                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns")
+                 "clock_GHz", "price_per_hour_usd", "pim_mem_GiB", "measured_link_latency_ns",
+                 "vllm_non_torch_GiB")
 
 
 #: the dtype keys a measured GEMM rate may name
@@ -324,6 +331,8 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                               for k, v in (d.get("measured_gemm_tflops") or {}).items()},
         **measured,
         vllm_all_reduce_us=_all_reduce_curves(d.get("vllm_all_reduce_us"), source),
+        vllm_non_torch_GiB=(None if d.get("vllm_non_torch_GiB") is None
+                            else float(d["vllm_non_torch_GiB"])),
         source=source,
     )
 

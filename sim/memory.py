@@ -17,8 +17,11 @@ top-p switched on. CUDA-graph memory is not subtracted (vLLM 0.19 only estimates
 ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``, off by default), nor is memory other
 processes hold (the budget is a fraction of the device total, not of the free memory).
 
-Everything here follows from the model's dimensions and the engine limits; no quantity
-is fitted to a particular run. Sizes are bytes.
+The profile run's terms follow from the model's dimensions, the engine limits and vLLM
+0.19's code (its Triton top-k/top-p sampler, PyTorch's cuBLAS workspace; the code-derived
+peak reproduces three vLLM 0.19.0 H100 start-up logs within 0.006 GiB,
+experiments/vllm_memory_audit.py). The non-torch term is the device's, from the hardware
+catalogue (no code path sizes it). Sizes are bytes.
 """
 
 from __future__ import annotations
@@ -33,27 +36,28 @@ from sim.options import SimOptions
 
 MiB = 1 << 20
 
-# Bytes per logit held at the peak of vLLM's PyTorch top-k/top-p sampler (the dummy
-# sampler run sets both), beyond the logits in the model dtype: the float32 copy (4),
-# the sorted values (4) and their int64 indices (8), the top-k mask (1), softmax of the
-# sorted values (4) and its cumulative sum (4), the top-p mask (1), and the scattered-back
-# result (4). All are alive together when the scatter runs.
-# This is the sort path of vLLM <= 0.16; vLLM 0.19 runs the Triton top-k/top-p kernel
-# (about half this peak; experiments/vllm_memory_audit.py derives it and checks it against
-# vLLM 0.19.0 logs). It is kept with NON_TORCH_BASE_BYTES below because the two together
-# give the RTX 4090 run's block count and the 0.19 non-torch term is not yet measured on
-# that card (the audit shows the 0.60 GiB it would take); switching the sampler alone gives
-# 2,831 blocks against the 2,588 logged (+9.4%). No code path sizes the non-torch term: it
-# is driver memory set by the compiled kernels (see the audit's MEASUREMENT_NEEDED).
-SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
+# Bytes per logit held at the peak of vLLM's PyTorch top-k/top-p sampler, the path vLLM 0.19
+# takes for fewer than 8 rows (the dummy sampler run sets both top-k and top-p), beyond the
+# logits in the model dtype: the float32 copy (4), the sorted values (4) and their int64
+# indices (8), the top-k mask (1), softmax of the sorted values (4) and its cumulative sum
+# (4), the top-p mask (1), and the scattered-back result (4). All are alive together when
+# the scatter runs.
+SORT_SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
+#: rows from which vLLM 0.19 runs its Triton top-k/top-p kernel instead of the sort
+TRITON_SAMPLER_MIN_ROWS = 8
 
-# Memory a worker holds outside PyTorch's allocator once it has run a forward pass:
-# cuBLAS/cuBLASLt workspaces and the kernel images loaded on first use. vLLM logs it as
-# "non-torch memory"; its reports on H100 show 0.13 GiB for single-GPU workers of several
-# models (Llama-3.1-8B, Qwen3-0.6B, gpt-oss-20b).
-NON_TORCH_BASE_BYTES = int(0.13 * GiB)
+# Memory a worker holds outside PyTorch's allocator once it has run the profile step:
+# vLLM's "non-torch forward increase memory" (kernel images loaded on first use, cuBLAS
+# handles, and the CUDA local-memory reservation that grows to the largest per-thread local
+# memory of any kernel launched, for every resident thread). No code path sizes it: it is
+# a property of the device and the compiled kernels, so the hardware catalogue gives it per
+# device (``vllm_non_torch_GiB``: logged, or implied by a logged block count). A device
+# without one gets this: what vLLM 0.19.0 logs for single-GPU workers on H100 (0.24-0.25
+# GiB over three models; experiments/vllm_memory_audit.py).
+NON_TORCH_DEFAULT_BYTES = int(0.25 * GiB)
 # A worker in a multi-GPU group also holds NCCL's channel buffers and vLLM's custom
-# all-reduce IPC buffers: the same reports show 0.55 GiB for a TP2 worker.
+# all-reduce IPC buffers: H100 reports show 0.42 GiB more for a TP2 worker than for a
+# single-GPU one.
 NON_TORCH_COMM_BYTES = int(0.42 * GiB)
 
 
@@ -203,10 +207,63 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, ep: int) -> int:
     return states + max(qkv, mlp)
 
 
-def sampler_peak_bytes(model: ModelSpec, num_reqs: int) -> int:
-    """Peak memory of the dummy sampler run: logits for ``num_reqs`` rows over the whole
-    vocabulary (gathered on every TP rank) and the top-k/top-p temporaries."""
-    return num_reqs * model.vocab_size * (model.dtype_bytes + SAMPLER_BYTES_PER_LOGIT)
+@dataclass(frozen=True)
+class DeviceTraits:
+    """What vLLM's profile run sizes by the device: streaming multiprocessors (the Triton
+    sampler's scratch rows), compute capability (PyTorch's cuBLAS workspace) and the
+    non-torch memory a worker holds (``NON_TORCH_DEFAULT_BYTES`` where not catalogued)."""
+
+    num_sms: int | None = None
+    compute_capability: str | None = None
+    non_torch_bytes: int = NON_TORCH_DEFAULT_BYTES
+
+
+def device_traits(hardware: str) -> DeviceTraits:
+    """The catalogue's traits of ``hardware`` (defaults for a device outside it)."""
+    from sim.hardware import load_hardware
+
+    try:
+        hw = load_hardware(hardware)
+    except InputError:
+        return DeviceTraits()
+    non_torch = (NON_TORCH_DEFAULT_BYTES if hw.vllm_non_torch_GiB is None
+                 else int(hw.vllm_non_torch_GiB * GiB))
+    return DeviceTraits(hw.num_sms, hw.compute_capability, non_torch)
+
+
+def cublas_workspace_bytes(compute_capability: str | None) -> int:
+    """PyTorch's default cuBLAS workspace for one (handle, stream), which the first GEMM of
+    the profile run allocates through the caching allocator (CublasHandlePool.cpp,
+    parseChosenWorkspaceSize): 32 MiB on compute capability 9.x, 10.x and 12.x, else 4096
+    KiB x 2 + 16 KiB x 8. Unknown capability: the smaller."""
+    major = int(str(compute_capability).split(".")[0]) if compute_capability else 0
+    return 4096 * 8 * 1024 if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def triton_scratch_rows(num_sms: int | None, rows: int) -> int:
+    """Rows of the Triton top-k/top-p kernel's cached scratch buffer (vLLM 0.19's
+    apply_top_k_top_p_triton: one program per row up to the SM count, the buffer rounded
+    up to a power of two and capped at the SM count). Unknown SM count: one per row."""
+    sms = num_sms or rows
+    programs = min(sms, rows)
+    return min(1 << (programs - 1).bit_length(), sms)
+
+
+def sampler_peak_bytes(model: ModelSpec, tokens: int, rows: int,
+                       num_sms: int | None = None) -> int:
+    """Live bytes at the peak of vLLM 0.19's dummy sampler run over ``rows`` rows of logits
+    (top-k and top-p on), the forward pass's hidden states over ``tokens`` still held.
+    From 8 rows the Triton kernel: the sampled rows and their random copy (2 x [rows, h]),
+    the logits in the model dtype, their float32 copy, the softmax probabilities and the
+    exponential noise (float32 each), and the kernel's scratch rows of the vocabulary in
+    float32. Below 8 rows the PyTorch sort path (SORT_SAMPLER_BYTES_PER_LOGIT)."""
+    h, v, dt = model.hidden_size, model.vocab_size, model.dtype_bytes
+    hidden = tokens * h * dt
+    if rows < TRITON_SAMPLER_MIN_ROWS:
+        return hidden + rows * v * (dt + SORT_SAMPLER_BYTES_PER_LOGIT)
+    logits = rows * v * (dt + 4 + 4 + 4)
+    scratch = triton_scratch_rows(num_sms, rows) * v * 4
+    return hidden + 2 * rows * h * dt + logits + scratch
 
 
 def profile_tokens(max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, int]:
@@ -217,19 +274,26 @@ def profile_tokens(max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int,
 
 
 def activation_peak_bytes(model: ModelSpec, tp: int, ep: int, max_num_batched_tokens: int,
-                          max_num_seqs: int) -> int:
-    """The profile run's peak activation on the last pipeline stage (the binding one): the
-    forward pass, or the sampler run while the forward pass's hidden states are still held."""
+                          max_num_seqs: int, device: DeviceTraits = DeviceTraits(),
+                          last_stage: bool = True) -> int:
+    """vLLM's "torch peak memory increase" of the profile run on one worker: the forward
+    pass or, on the last pipeline stage, the sampler run while the forward pass's hidden
+    states are still held, whichever is larger, plus the cuBLAS workspace its first GEMM
+    allocates."""
     tokens, reqs = profile_tokens(max_num_batched_tokens, max_num_seqs)
-    hidden = tokens * model.hidden_size * model.dtype_bytes
-    return max(forward_peak_bytes(model, tokens, tp, ep),
-               hidden + sampler_peak_bytes(model, reqs))
+    peak = forward_peak_bytes(model, tokens, tp, ep)
+    if last_stage:
+        peak = max(peak, sampler_peak_bytes(model, tokens, reqs, device.num_sms))
+    return peak + cublas_workspace_bytes(device.compute_capability)
 
 
-def non_torch_bytes(inst: InstanceConfig, dp: int = 1) -> int:
-    """A worker in any multi-GPU group (TP, PP, EP, or the DP group's communicators)."""
+def non_torch_bytes(inst: InstanceConfig, dp: int = 1,
+                    device: DeviceTraits | None = None) -> int:
+    """Non-torch memory of one of ``inst``'s workers: the device's, plus the
+    communicators' buffers in any multi-GPU group (TP, PP, EP, or the DP group's)."""
+    device = device or device_traits(inst.hardware)
     grouped = inst.tp_size > 1 or inst.pp_size > 1 or inst.ep_size > 1 or dp > 1
-    return NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if grouped else 0)
+    return device.non_torch_bytes + (NON_TORCH_COMM_BYTES if grouped else 0)
 
 
 def pp_stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -261,18 +325,16 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
     tp, pp, ep = inst.tp_size, inst.pp_size, inst.ep_size
     if model.is_moe and ep == 1 and dp > 1:
         ep = dp * tp
-    other = non_torch_bytes(inst, dp)
+    device = device_traits(inst.hardware)
+    other = non_torch_bytes(inst, dp, device)
     rotary = model.max_position_embeddings * model.head_dim * model.dtype_bytes
     kv_per_layer = model.kv_bytes_per_token(tp, 1) // model.num_hidden_layers * block_size
-    tokens, _ = profile_tokens(max_num_batched_tokens, max_num_seqs)
     budgets = []
     for stage, layers in enumerate(pp_stage_layers(model.num_hidden_layers, pp)):
         last = stage == pp - 1
         weights = model.stage_weight_bytes(tp, layers, stage == 0, last, ep) + rotary
-        if last:
-            act = activation_peak_bytes(model, tp, ep, max_num_batched_tokens, max_num_seqs)
-        else:
-            act = forward_peak_bytes(model, tokens, tp, ep)
+        act = activation_peak_bytes(model, tp, ep, max_num_batched_tokens, max_num_seqs,
+                                    device, last_stage=last)
         budgets.append((weights, act, kv_per_layer * max(1, layers)))
     where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
     weights = max(w for w, _, _ in budgets)

@@ -17,7 +17,7 @@ import yaml
 import sim
 from sim.cluster import GiB
 from sim.hardware import load_hardware
-from sim.memory import (NON_TORCH_BASE_BYTES, NON_TORCH_COMM_BYTES, activation_peak_bytes,
+from sim.memory import (NON_TORCH_COMM_BYTES, activation_peak_bytes, device_traits,
                         weight_bytes)
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, load_model
 from sim.request import Request
@@ -101,13 +101,15 @@ def make_bundle(root: Path, hardware: str = HW, model: ModelSpec | str = MODEL, 
 
 def mem_size_for_blocks(num_blocks: int, block_size: int = 16, model: str = MODEL,
                         tp: int = 1, max_num_batched_tokens: int = 2048,
-                        max_num_seqs: int = 256) -> float:
+                        max_num_seqs: int = 256, hardware: str = HW) -> float:
     """npu_mem.mem_size (GiB, with mem_util 1.0) that yields exactly ``num_blocks`` KV blocks
-    under vLLM's accounting (sim/memory.py) at these engine limits."""
+    under vLLM's accounting (sim/memory.py) at these engine limits, on a device outside the
+    catalogue (``hardware``: no share of the memory hidden from CUDA)."""
     spec = load_model(model)
+    device = device_traits(hardware)
     fixed = (weight_bytes(spec, tp, 1, 1)
-             + activation_peak_bytes(spec, tp, 1, max_num_batched_tokens, max_num_seqs)
-             + NON_TORCH_BASE_BYTES + (NON_TORCH_COMM_BYTES if tp > 1 else 0))
+             + activation_peak_bytes(spec, tp, 1, max_num_batched_tokens, max_num_seqs, device)
+             + device.non_torch_bytes + (NON_TORCH_COMM_BYTES if tp > 1 else 0))
     block_bytes = spec.kv_bytes_per_token(tp, 1) * block_size
     return (fixed + (num_blocks + 0.5) * block_bytes) / GiB
 
@@ -120,8 +122,9 @@ def util_with_overhead(util: float, mem_size_gib: float, model: str = MODEL, *,
     reports (the hardware's share of the nominal size). A tight-memory test keeps the KV
     pool it was written for."""
     spec = load_model(model)
+    device = device_traits(hardware)
     extra = (weight_bytes(spec, 1, 1, 1) - spec.weight_bytes(1, 1, 1)
-             + activation_peak_bytes(spec, 1, 1, 2048, 256) + NON_TORCH_BASE_BYTES)
+             + activation_peak_bytes(spec, 1, 1, 2048, 256, device) + device.non_torch_bytes)
     visible = load_hardware(hardware).mem_visible_fraction
     return (util + extra / (mem_size_gib * GiB)) / visible
 

@@ -21,9 +21,13 @@ from dse.study import Driver
 from dse.worker import evaluate
 from sim.request import Request
 
-# one RTX 4090 per instance at gpu_memory_utilization 0.9: 2,586 blocks x 16 tokens
+# one RTX 4090 per instance at gpu_memory_utilization 0.9: 2,588 blocks x 16 tokens (the
+# count vLLM logged for the RTX 4090 validation run)
 RTX = {"tp": 1, "replicas": 2, "max_num_seqs": 256, "max_num_batched_tokens": 2048}
-RTX_BLOCKS = 2586
+RTX_BLOCKS = 2588
+#: the longest request that fits alone: every block but vLLM's null block, plus the last
+#: output token, whose KV is never written
+RTX_LONGEST = (RTX_BLOCKS - 1) * 16 + 1
 
 
 def _rtx_space(tmp_path, workload=None, **over):
@@ -77,8 +81,8 @@ def test_rtx4090_serve_passes_the_generated_workloads_longest_request(tmp_path):
     assert any(ln.startswith(f"# --max-model-len {_bench_longest(bench)}: the longest request "
                              "(prompt + output) of the bench line's random ones (the "
                              f"workload's: {longest:,})") for ln in notes)
-    assert any("131,072" in ln and "8,192 KV blocks of 16, 2,586 fit (41,376 tokens)" in ln
-               for ln in notes)
+    assert any("131,072" in ln and f"8,192 KV blocks of 16, {RTX_BLOCKS:,} fit "
+               f"({RTX_BLOCKS * 16:,} tokens)" in ln for ln in notes)
 
 
 def test_rtx4090_serve_counts_the_replayed_requests_only(tmp_path):
@@ -217,31 +221,32 @@ def _long_space(tmp_path, total):
 
 
 def test_cache_too_small_for_the_longest_request_is_rejected_before_simulating(tmp_path):
-    """2,586 blocks of 16, one of them vLLM's null block: a request reaching 41,361 tokens
-    fits alone (its last output token's KV is never written), one of 41,362 never does."""
-    cfg = make_trial_config(_long_space(tmp_path, 41361), 1, {**RTX, "replicas": 1})
-    assert precheck(_long_space(tmp_path, 41361), cfg) is None
-    fits = evaluate(_long_space(tmp_path, 41361),
+    """2,588 blocks of 16, one of them vLLM's null block: a request reaching 41,393 tokens
+    fits alone (its last output token's KV is never written), one of 41,394 never does."""
+    cfg = make_trial_config(_long_space(tmp_path, RTX_LONGEST), 1, {**RTX, "replicas": 1})
+    assert precheck(_long_space(tmp_path, RTX_LONGEST), cfg) is None
+    fits = evaluate(_long_space(tmp_path, RTX_LONGEST),
                     {"number": 1, "cluster": cfg.cluster, "options": cfg.options})
     assert fits.rejected is None and fits.summary["rejected_requests"] == 0
 
     for total, vllm, export in (
-            (41362, "would start with --max-model-len 41362 but never schedule it",
-             "never schedule that request"),
-            (41377, "would refuse to start with --max-model-len 41377", "refuse to start")):
+            (RTX_LONGEST + 1, f"would start with --max-model-len {RTX_LONGEST + 1} but never "
+             "schedule it", "never schedule that request"),
+            (RTX_BLOCKS * 16 + 1, f"would refuse to start with --max-model-len "
+             f"{RTX_BLOCKS * 16 + 1}", "refuse to start")):
         space = _long_space(tmp_path, total)
         why = precheck(space, cfg)
         assert why == (f"the KV cache cannot hold the workload's longest request even alone: "
-                       f"{total:,} tokens (prompt + output) against at most 41,361 in instance "
+                       f"{total:,} tokens (prompt + output) against at most {RTX_LONGEST:,} in instance "
                        f"0 ({RTX_BLOCKS:,} KV blocks of 16, one of them vLLM's null block); "
                        f"vLLM {vllm}")
         # what the simulation does with it: it stops at the request
         res = evaluate(space, {"number": 1, "cluster": cfg.cluster, "options": cfg.options})
-        assert res.rejected and "holds at most 41360" in res.rejected
+        assert res.rejected and f"holds at most {RTX_LONGEST - 1}" in res.rejected
         script = deploy_script(space, cfg, {"x": 1.0})
         assert {_flag(c, "--max-model-len") for c in _serve_commands(script)} == {str(total)}
         assert f"Even so vLLM would {export}: this configuration cannot serve the workload's " \
-               "longest request (one request holds at most 41,361 tokens)." in script
+               f"longest request (one request holds at most {RTX_LONGEST:,} tokens)." in script
 
 
 def test_too_small_configurations_are_counted_as_rejected(tmp_path):

@@ -541,7 +541,7 @@ def test_run_refuses_more_pipeline_stages_than_layers(d, tmp_path, capsys, monke
     # 20,000 instances on one node: out of time and memory
     (lambda c: c["nodes"][0].update(num_instances=2000,
                                     instances=c["nodes"][0]["instances"] * 2000),
-     ["instance 1188", "at most 33,554,432 in all", "fewer instances"]),
+     ["instance 1181", "at most 33,554,432 in all", "fewer instances"]),
 ], ids=["mem-size-a-million-gib", "block-override-2-30", "2000-instances"])
 def test_run_refuses_kv_caches_past_what_it_can_hold(d, tmp_path, edit, needles, capsys,
                                                        monkeypatch):

@@ -58,7 +58,9 @@ def test_activation_peak_grows_with_token_budget_and_sequences():
     inst = _instance(hardware="H100-SXM", mem_size=80)
     by_tokens = [kv_capacity_blocks(inst, m, 16, n, 256) for n in (2048, 8192, 32768)]
     assert by_tokens[0] >= by_tokens[1] > by_tokens[2]
-    by_seqs = [kv_capacity_blocks(inst, m, 16, 8192, s) for s in (64, 256, 1024)]
+    # at a 2,048-token budget the sampler run binds from 256 rows (vLLM 0.19's Triton
+    # sampler: logits, their float32 copies and scratch rows of the whole vocabulary)
+    by_seqs = [kv_capacity_blocks(inst, m, 16, 2048, s) for s in (64, 256, 1024)]
     assert by_seqs[0] > by_seqs[1] > by_seqs[2]
     # the sampler run: R x vocab logits, R = min(max_num_seqs, max_num_batched_tokens)
     assert activation_peak_bytes(m, 1, 1, 128, 1024) == activation_peak_bytes(m, 1, 1, 128, 128)
@@ -159,7 +161,7 @@ def test_pp_blocks_are_the_smallest_stage_count_with_each_stage_its_own_memory()
     # the first, the lm_head and sampler run on the last) and sizes its cache for its own
     # layers; vLLM keeps the smallest count. Before, every stage was charged the largest
     # stage's layers and the sampler at once, which undercounts.
-    from sim.memory import forward_peak_bytes, non_torch_bytes, pp_stage_layers
+    from sim.memory import device_traits, forward_peak_bytes, non_torch_bytes, pp_stage_layers
     m = load_model(LLAMA)
     inst = _instance(hardware="H100-SXM", mem_size=80, pp_size=3, num_npus=3)
     requested = int(device_total_bytes(inst) * 0.9)
@@ -168,8 +170,10 @@ def test_pp_blocks_are_the_smallest_stage_count_with_each_stage_its_own_memory()
     counts = []
     for s, layers in enumerate(pp_stage_layers(m.num_hidden_layers, 3)):
         weights = m.stage_weight_bytes(1, layers, s == 0, s == 2) + rotary
-        act = (activation_peak_bytes(m, 1, 1, 2048, 256) if s == 2
-               else forward_peak_bytes(m, 2048, 1, 1))
+        # the sampler run on the last stage; every stage's first GEMM allocates the 32 MiB
+        # cuBLAS workspace (compute capability 9.0)
+        act = (activation_peak_bytes(m, 1, 1, 2048, 256, device_traits("H100-SXM")) if s == 2
+               else forward_peak_bytes(m, 2048, 1, 1) + (32 << 20))
         counts.append((requested - weights - act - non_torch_bytes(inst)) // (per_layer * layers))
     b = memory_budget(inst, m, 16, 2048, 256)
     assert b.num_blocks == min(counts)
