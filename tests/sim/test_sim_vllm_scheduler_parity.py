@@ -576,8 +576,8 @@ def replay_in_vllm(events: list, read_at: dict, case: Case, tmp_dir: str) -> int
 def test_engine_matches_vllm_on_the_rtx4090_validation_replay(blocks, model_dir, monkeypatch):
     """The whole engine on the RTX 4090 validation replay, as validate_vllm.py runs it
     (its meta.json's settings: async scheduling, scheduler_reserve_full_isl, prefix
-    caching, 2,048-token budget, 256 sequences, the measured step times), at the 2,586
-    blocks sim/memory.py derives and the 2,588 vLLM logged: every schedule call (which
+    caching, 2,048-token budget, 256 sequences, the measured step times), at the 2,588
+    blocks vLLM logged (and sim/memory.py derives) and at two fewer: every schedule call (which
     requests, from which computed count, how many tokens, which are preempted, free
     blocks after it) and every completion matches vLLM 0.19's own scheduler fed the same
     calls, through the saturated stretch where the TPOT p90 is decided (about 200
