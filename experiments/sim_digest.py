@@ -192,16 +192,17 @@ def scenarios(quick: bool = False):
 
 def _moe_case(async_: bool):
     sys.path.insert(0, str(REPO / "experiments"))
-    from validate_vllm import run_settings
+    from validate_vllm import CLUSTER_SETTINGS, run_settings
 
     folder = shared_data_root() / MOE
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
     cluster = sim.load_cluster(folder / "cluster.json")
     settings = run_settings(meta)
-    util = settings.pop("gpu_memory_utilization", None)
+    util = settings.get("gpu_memory_utilization")
     if util:
         cluster = cluster.with_mem_util(util)
-    settings.pop("num_gpu_blocks_override", None)
+    for key in CLUSTER_SETTINGS:
+        settings.pop(key, None)
     opts = sim.SimOptions(**{**settings, "async_scheduling": async_})
     wl = sim.load_jsonl(shared_data_root() / meta["dataset_path"], limit=120)
     return cluster, wl, opts

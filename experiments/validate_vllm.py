@@ -105,12 +105,13 @@ def run_validation(folder: Path, latency_provider: str = "measured",
         # follows from it as vLLM derives it (sim/memory.py).
         cluster = cluster.with_mem_util(util)
     override = settings.pop("num_gpu_blocks_override", None)
+    reserved = settings.pop("kv_cache_memory_bytes", None)
     if kv_blocks_from_run and kv.get("num_gpu_blocks"):
         # (a run that logged no count is replayed with the derived one)
         kv_blocks = int(kv["num_gpu_blocks"])
-    if kv_blocks or override:
-        cluster = cluster.map_instances(
-            lambda i: replace(i, num_gpu_blocks_override=kv_blocks or override))
+    if kv_blocks or override or reserved:
+        cluster = cluster.map_instances(lambda i: replace(
+            i, num_gpu_blocks_override=kv_blocks or override, kv_cache_memory_bytes=reserved))
     if async_scheduling is not None:
         settings["async_scheduling"] = async_scheduling
     opts = sim.SimOptions(latency_provider=latency_provider,
@@ -119,8 +120,8 @@ def run_validation(folder: Path, latency_provider: str = "measured",
     return sim.simulate(cluster, workload, opts), meta
 
 
-#: vLLM engine settings a replay takes from the run: SimOptions field (or the two the
-#: harness applies to the cluster) -> where vLLM records it: the section and field of its
+#: vLLM engine settings a replay takes from the run: SimOptions field (or one of the
+#: CLUSTER_SETTINGS the harness applies to the cluster's instances) -> where vLLM records it: the section and field of its
 #: resolved config (what the engine really ran with), then the engine argument (what the
 #: run asked for), then meta.json's kv_cache summary.
 RUN_SETTINGS = {
@@ -142,6 +143,7 @@ RUN_SETTINGS = {
                                "gpu_memory_utilization"),
     "num_gpu_blocks_override": ("cache_config", "num_gpu_blocks_override",
                                 "num_gpu_blocks_override"),
+    "kv_cache_memory_bytes": ("cache_config", "kv_cache_memory_bytes", "kv_cache_memory_bytes"),
     "max_model_len": ("model_config", "max_model_len", "max_model_len"),
     "quantization": ("model_config", "quantization", "quantization"),
     "all2all_backend": ("parallel_config", "all2all_backend", "all2all_backend"),
@@ -155,7 +157,6 @@ RUN_SETTINGS = {
 #: value at which it changes nothing); a run that set another value is refused, since its
 #: replay would compare a different engine
 UNMODELLED = (
-    ("cache_config", "kv_cache_memory_bytes", "kv_cache_memory_bytes", None),
     ("parallel_config", "enable_dbo", "enable_dbo", False),
     ("parallel_config", "enable_eplb", "enable_eplb", False),
     ("parallel_config", "decode_context_parallel_size", "decode_context_parallel_size", 1),
@@ -163,6 +164,10 @@ UNMODELLED = (
     ("speculative_config", None, "speculative_config", None),
     ("lora_config", None, "enable_lora", None),
 )
+
+
+#: the run settings the harness applies to the cluster's instances, not to SimOptions
+CLUSTER_SETTINGS = ("gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes")
 
 
 def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
@@ -181,8 +186,8 @@ def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
 
 
 def run_settings(meta: dict) -> dict:
-    """The SimOptions of the run ``meta`` records (plus ``gpu_memory_utilization`` and
-    ``num_gpu_blocks_override`` for the cluster): every setting in RUN_SETTINGS the run
+    """The SimOptions of the run ``meta`` records (plus ``gpu_memory_utilization``,
+    ``num_gpu_blocks_override`` and ``kv_cache_memory_bytes`` for the cluster): every setting in RUN_SETTINGS the run
     records, the simulated vLLM version, and eager mode (``enforce_eager`` or a
     cudagraph_mode of NONE: no CUDA graphs, max_cudagraph_capture_size 0). Settings the run
     left out keep the simulator's defaults (vLLM 0.19's). Raises InputError naming the
@@ -210,8 +215,7 @@ def run_settings(meta: dict) -> dict:
     if settings.get("quantization") in ("none", ""):
         settings.pop("quantization")
     try:
-        probe = {k: v for k, v in settings.items()
-                 if k not in ("gpu_memory_utilization", "num_gpu_blocks_override")}
+        probe = {k: v for k, v in settings.items() if k not in CLUSTER_SETTINGS}
         sim.SimOptions(**probe).validate()
     except (InputError, TypeError, ValueError) as exc:
         raise InputError(f"an engine setting the simulator cannot take: {exc}",

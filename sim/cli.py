@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sim.errors import EXIT_INPUT_ERROR, InputError
@@ -38,6 +39,10 @@ def _add_run(sub) -> None:
                    help="vLLM's gpu_memory_utilization for every instance, in place of the "
                         "cluster file's npu_mem.mem_util (the KV capacity follows as vLLM "
                         "derives it)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="vLLM's kv_cache_memory_bytes for every instance: each worker's KV cache "
+                        "in bytes, in place of what gpu_memory_utilization leaves after the "
+                        "profile run")
     add_cli_flags(p)  # one flag per SimOptions field that has one (sim/options.py)
     p.add_argument("--log-level", default="WARNING",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -130,9 +135,14 @@ def _run(args) -> int:
     util = args.gpu_memory_utilization
     if util is not None and not 0.0 < util <= 1.0:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    kv_bytes = args.kv_cache_memory_bytes
+    if kv_bytes is not None and not 1 <= kv_bytes <= 10 ** 15:
+        raise InputError(f"--kv-cache-memory-bytes must be an integer in 1..1e15, got {kv_bytes}")
     cluster = sim.load_cluster(args.cluster)
     if util is not None:
         cluster = cluster.with_mem_util(util)
+    if kv_bytes is not None:
+        cluster = cluster.map_instances(lambda i: replace(i, kv_cache_memory_bytes=kv_bytes))
     workload = sim.load_jsonl(args.dataset, limit=args.num_reqs)
     opts = options_from_args(args, progress=sys.stderr.isatty())
     _check_instance_limits(cluster, opts)

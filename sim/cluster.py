@@ -55,6 +55,9 @@ class InstanceConfig:
     #: vLLM's cache_config.num_gpu_blocks_override: use this many KV blocks, whatever the
     #: memory accounting gives (it must still leave room for the cache)
     num_gpu_blocks_override: int | None = None
+    #: vLLM's kv_cache_memory_bytes: each worker's KV cache in bytes, in place of what
+    #: gpu_memory_utilization leaves after profiling
+    kv_cache_memory_bytes: int | None = None
     #: per-instance overrides of SimOptions scheduler knobs
     overrides: dict[str, Any] = field(default_factory=dict)
 

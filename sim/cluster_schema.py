@@ -211,6 +211,10 @@ class _InstanceFields(Section):
     num_gpu_blocks_override: Annotated[num(integer=True, minimum=1),
                                        VllmArg("--num-gpu-blocks-override", omit=(None,))] = \
         Field(None, description="vLLM's num_gpu_blocks_override: use this many KV blocks")
+    kv_cache_memory_bytes: Annotated[num(integer=True, minimum=1),
+                                     VllmArg("--kv-cache-memory-bytes", omit=(None,))] = \
+        Field(None, description="vLLM's kv_cache_memory_bytes: each worker's KV cache in "
+                                "bytes, in place of what mem_util leaves after profiling")
 
     @model_validator(mode="after")
     def _npus_are_tp_times_pp(self):
@@ -293,7 +297,8 @@ def _instance(ins: BaseModel) -> dict:
             "tp_size": ins.tp_size, "pp_size": ins.pp_size, "ep_size": ins.ep_size,
             "dp_group": ins.dp_group, "pd_type": ins.pd_type, "dtype": ins.dtype,
             "kv_cache_dtype": ins.kv_cache_dtype, "placement": ins.placement,
-            "num_gpu_blocks_override": ins.num_gpu_blocks_override, "overrides": overrides}
+            "num_gpu_blocks_override": ins.num_gpu_blocks_override,
+            "kv_cache_memory_bytes": ins.kv_cache_memory_bytes, "overrides": overrides}
 
 
 def normalize(data: Any, source: str) -> dict:

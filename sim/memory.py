@@ -96,6 +96,8 @@ class MemoryBudget:
     num_blocks: int
     #: the count the memory gives when num_gpu_blocks_override replaced it (else None)
     profiled_blocks: int | None = None
+    #: the KV memory is vLLM's kv_cache_memory_bytes, not what profiling left
+    kv_reserved: bool = False
 
     @property
     def kv_tokens(self) -> int:
@@ -137,15 +139,19 @@ class MemoryBudget:
         kv_cache_utils, metrics/loggers), worded as vLLM words them, with this worker's
         numbers (vLLM's profiling time is not simulated and left out)."""
         non_kv = self.weight_bytes + self.activation_bytes + self.non_torch_bytes
-        lines = [
-            f"Model loading took {format_gib(self.weight_bytes)} GiB memory",
-            f"worker requested memory: {format_gib(self.requested_bytes)}GiB",
-            f"Total non KV cache memory: {format_gib(non_kv)}GiB; torch peak memory increase: "
-            f"{format_gib(self.activation_bytes)}GiB; non-torch forward increase memory: "
-            f"{format_gib(self.non_torch_bytes)}GiB; weights memory: "
-            f"{format_gib(self.weight_bytes)}GiB.",
-            f"Available KV cache memory: {format_gib(self.kv_bytes)} GiB",
-        ]
+        lines = [f"Model loading took {format_gib(self.weight_bytes)} GiB memory"]
+        if self.kv_reserved:
+            lines.append(f"Reserved {format_gib(self.kv_bytes)} GiB for KV cache as specified by "
+                         "kv_cache_memory_bytes config and skipped memory profiling")
+        else:
+            lines += [
+                f"worker requested memory: {format_gib(self.requested_bytes)}GiB",
+                f"Total non KV cache memory: {format_gib(non_kv)}GiB; torch peak memory "
+                f"increase: {format_gib(self.activation_bytes)}GiB; non-torch forward increase "
+                f"memory: {format_gib(self.non_torch_bytes)}GiB; weights memory: "
+                f"{format_gib(self.weight_bytes)}GiB.",
+                f"Available KV cache memory: {format_gib(self.kv_bytes)} GiB",
+            ]
         if self.profiled_blocks is not None:
             lines.append(f"Overriding num_gpu_blocks={self.profiled_blocks} with "
                          f"num_gpu_blocks_override={self.num_blocks}")
@@ -337,6 +343,8 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
                                     device, last_stage=last)
         budgets.append((weights, act, kv_per_layer * max(1, layers)))
     where = f"instance {inst.instance_id} ({inst.model_name} on {inst.hardware})"
+    if inst.kv_cache_memory_bytes:
+        return _reserved_budget(inst, budgets, other, total, requested, block_size, where)
     weights = max(w for w, _, _ in budgets)
     if weights >= requested:
         raise InputError(
@@ -363,6 +371,33 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
         profiled, blocks = int(blocks), inst.num_gpu_blocks_override
     return MemoryBudget(total, util, requested, weights, act, other, kv, block, block_size,
                         int(blocks), profiled)
+
+
+def _reserved_budget(inst: InstanceConfig, budgets: list[tuple[int, int, int]], other: int,
+                     total: int, requested: int, block_size: int, where: str) -> MemoryBudget:
+    """vLLM's kv_cache_memory_bytes: every worker's KV cache is that many bytes, whatever
+    gpu_memory_utilization and the profile run say; the stage with the most layers has the
+    fewest blocks. Refused where the weights, the profile run's peak, non-torch memory and
+    the cache together exceed the device (vLLM runs out of memory allocating the cache)."""
+    reserved = inst.kv_cache_memory_bytes
+    stage = max(range(len(budgets)), key=lambda i: (budgets[i][2], -i))
+    weights, act, block = budgets[stage]
+    need = max(w + a for w, a, _ in budgets) + other + reserved
+    if need > total:
+        raise InputError(
+            f"{where}: kv_cache_memory_bytes={reserved:,} does not fit beside the weights, the "
+            f"profile run's peak and non-torch memory: {need / GiB:.2f} GiB against the "
+            f"device's {total / GiB:.2f} GiB as CUDA reports it (vLLM would run out of memory "
+            "allocating the cache); lower it or raise tp_size/pp_size")
+    blocks = reserved // block
+    if blocks < 2:
+        raise InputError(f"{where}: kv_cache_memory_bytes={reserved:,} holds {blocks} KV blocks "
+                         f"of {block:,} bytes; at least 2 are needed")
+    profiled = None
+    if inst.num_gpu_blocks_override:
+        profiled, blocks = int(blocks), inst.num_gpu_blocks_override
+    return MemoryBudget(total, inst.npu_mem.mem_util, requested, weights, act, other, reserved,
+                        block, block_size, int(blocks), profiled, kv_reserved=True)
 
 
 def kv_capacity_blocks(inst: InstanceConfig, model: ModelSpec, block_size: int,

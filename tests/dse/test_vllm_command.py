@@ -25,7 +25,7 @@ VLLM_019_FLAGS = {
     "--no-enable-chunked-prefill", "--async-scheduling", "--no-async-scheduling",
     "--scheduling-policy", "--max-model-len", "--max-cudagraph-capture-size",
     "--enforce-eager", "--quantization", "--kv-cache-dtype", "--gpu-memory-utilization",
-    "--num-gpu-blocks-override", "--disable-custom-all-reduce",
+    "--num-gpu-blocks-override", "--disable-custom-all-reduce", "--kv-cache-memory-bytes",
 }
 
 

@@ -25,8 +25,8 @@ SHARED = shared_data_root()
 #: sha256 of :func:`_canon` of every shared cluster file as the hand-written loader (before
 #: sim/cluster_schema.py) parsed it, recorded with that loader
 RECORDED = json.loads((Path(__file__).parent / "data" / "cluster_files_parsed.json").read_text())
-#: ClusterConfig fields added since the recording
-ADDED = {"collective_algorithm"}
+#: ClusterConfig and InstanceConfig fields added since the recording
+ADDED = {"collective_algorithm", "kv_cache_memory_bytes"}
 #: not parsed: the path the caller gave
 NOT_PARSED = {"source"}
 GOOD = cluster_dict(300, hardware="H100-SXM")

@@ -12,7 +12,7 @@ import pytest
 import sim
 from sim.errors import InputError
 from sim.memory import (activation_peak_bytes, device_total_bytes, kv_capacity_blocks,
-                        memory_budget)
+                        memory_budget, pp_stage_layers)
 from sim.model import load_model
 from sim_testkit import flat_workload, make_cluster, opts_for
 
@@ -34,7 +34,7 @@ def test_rtx4090_llama_8b_matches_vllm_block_count():
     inst = _instance()
     assert device_total_bytes(inst) == 25_250_627_584
     blocks = kv_capacity_blocks(inst, load_model(LLAMA), 16, 2048, 256)
-    assert blocks == pytest.approx(2588, rel=0.01)
+    assert blocks == 2588
 
 
 def test_rtx4090_budget_parts_match_vllm_log_lines():
@@ -144,6 +144,18 @@ def test_cli_gpu_memory_utilization_replaces_the_cluster_files_mem_util(tmp_path
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--gpu-memory-utilization" in bad.stderr
     assert "Traceback" not in bad.stderr
+    # --kv-cache-memory-bytes: 4 GiB of KV cache = 2,048 blocks of 16 tokens x 128 KiB
+    proc = subprocess.run(base + ["--kv-cache-memory-bytes", str(4 << 30), "--output", str(out)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["kv_blocks"]["0"] == 2048
+    for value, needle in (("0", "--kv-cache-memory-bytes must be an integer in 1..1e15"),
+                          (str(40 << 30), "kv_cache_memory_bytes=42,949,672,960 does not fit")):
+        bad = subprocess.run(base + ["--kv-cache-memory-bytes", value, "--output", str(out)],
+                             capture_output=True, text=True, check=False)
+        assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
 
 
 def test_pp_stage_layers_follow_vllm_get_pp_indices():
@@ -271,3 +283,33 @@ def test_rtx_pro_6000_budget_is_a_share_of_what_cuda_reports():
                        "npu_mem": {"mem_size": 96, "mem_bw": 1597, "mem_latency": 0},
                        "num_npus": 1}]}]})
     assert f"{device_total_bytes(c.instances[0]) / _GiB:.2f}" == "94.97"
+
+
+def _reserved(kv_bytes: int, **extra):
+    return _instance(hardware="H100-SXM", mem_size=80, kv_cache_memory_bytes=kv_bytes, **extra)
+
+
+def test_kv_cache_memory_bytes_sets_the_cache_whatever_the_utilization():
+    """vLLM's kv_cache_memory_bytes: each worker's KV cache is that many bytes (its blocks
+    of 16 tokens x the layers' KV), gpu_memory_utilization and the profile run aside; it
+    was not an input before."""
+    m = load_model(LLAMA)
+    per_block = m.kv_bytes_per_token(1, 1) * 16
+    b = memory_budget(_reserved(10 << 30), m, 16, 2048, 256)
+    assert b.num_blocks == (10 << 30) // per_block and b.kv_bytes == 10 << 30
+    low = memory_budget(replace(_reserved(10 << 30), npu_mem=replace(
+        _reserved(10 << 30).npu_mem, mem_util=0.3)), m, 16, 2048, 256)
+    assert low.num_blocks == b.num_blocks
+    assert any("Reserved 10.0 GiB for KV cache as specified by kv_cache_memory_bytes" in ln
+               for ln in b.log_lines())
+    # with pipeline stages the stage with the most layers has the fewest blocks
+    pp = memory_budget(_reserved(10 << 30, pp_size=3, num_npus=3), m, 16, 2048, 256)
+    layers = max(pp_stage_layers(m.num_hidden_layers, 3))
+    assert pp.num_blocks == (10 << 30) // (m.kv_bytes_per_token(1, 1) // m.num_hidden_layers
+                                            * 16 * layers)
+
+
+def test_kv_cache_memory_bytes_past_the_device_is_refused():
+    m = load_model(LLAMA)
+    with pytest.raises(InputError, match=r"kv_cache_memory_bytes=85,899,345,920 does not fit"):
+        memory_budget(_reserved(80 << 30), m, 16, 2048, 256)

@@ -68,6 +68,14 @@ def test_resolved_scheduler_cache_and_graph_settings_reach_the_replay(tmp_path, 
     assert {i.npu_mem.mem_util for i in cluster.instances} == {0.9}
 
 
+def test_kv_cache_memory_bytes_reaches_the_cluster(tmp_path, monkeypatch):
+    def edit(meta):
+        meta["resolved_config"]["cache_config"]["kv_cache_memory_bytes"] = 8 << 30
+
+    cluster, _ = _replayed_options(tmp_path, monkeypatch, RTX4090, edit)
+    assert {i.kv_cache_memory_bytes for i in cluster.instances} == {8 << 30}
+
+
 def test_engine_arguments_serve_where_no_resolved_config(tmp_path, monkeypatch):
     def edit(meta):
         del meta["resolved_config"]
@@ -106,11 +114,11 @@ def _refused(tmp_path, monkeypatch, capsys, src, edit, needles):
      ["pipeline_parallel_size is 2", "different deployments"]),
     (lambda m: m["resolved_config"].update(speculative_config={"method": "ngram"}),
      ["resolved_config.speculative_config", "does not model"]),
-    (lambda m: m["resolved_config"]["cache_config"].update(kv_cache_memory_bytes=8 << 30),
-     ["kv_cache_memory_bytes", "does not model"]),
+    (lambda m: m["resolved_config"]["parallel_config"].update(enable_eplb=True),
+     ["resolved_config.parallel_config.enable_eplb", "does not model"]),
     (lambda m: m["resolved_config"]["scheduler_config"].update(policy="lifo"),
      ["meta.json", "lifo", "fcfs"]),
-], ids=["tp-differs", "pp-differs", "speculative", "kv-memory-bytes", "bad-policy"])
+], ids=["tp-differs", "pp-differs", "speculative", "eplb", "bad-policy"])
 def test_runs_that_cannot_be_replayed_like_for_like_are_refused(tmp_path, monkeypatch, capsys,
                                                                 edit, needles):
     _refused(tmp_path, monkeypatch, capsys, RTX4090, edit, needles)
