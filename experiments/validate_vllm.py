@@ -121,37 +121,32 @@ def run_validation(folder: Path, latency_provider: str = "measured",
 
 
 #: vLLM engine settings a replay takes from the run: SimOptions field (or one of the
-#: CLUSTER_SETTINGS the harness applies to the cluster's instances) -> where vLLM records it: the section and field of its
-#: resolved config (what the engine really ran with), then the engine argument (what the
-#: run asked for), then meta.json's kv_cache summary.
+#: CLUSTER_SETTINGS the harness applies to the cluster's instances) -> where vLLM records
+#: it: "section.field" of its resolved config (what the engine really ran with), else the
+#: engine argument of that name (what the run asked for; ENGINE_ARGUMENT where it is named
+#: apart), else meta.json's kv_cache summary.
 RUN_SETTINGS = {
-    "max_num_seqs": ("scheduler_config", "max_num_seqs", "max_num_seqs"),
-    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens",
-                               "max_num_batched_tokens"),
-    "long_prefill_token_threshold": ("scheduler_config", "long_prefill_token_threshold",
-                                     "long_prefill_token_threshold"),
-    "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill",
-                               "enable_chunked_prefill"),
-    "reserve_full_isl": ("scheduler_config", "scheduler_reserve_full_isl",
-                         "scheduler_reserve_full_isl"),
-    "async_scheduling": ("scheduler_config", "async_scheduling", "async_scheduling"),
-    "scheduling_policy": ("scheduler_config", "policy", "scheduling_policy"),
-    "block_size": ("cache_config", "block_size", "block_size"),
-    "enable_prefix_caching": ("cache_config", "enable_prefix_caching", "enable_prefix_caching"),
-    "kv_cache_dtype": ("cache_config", "cache_dtype", "kv_cache_dtype"),
-    "gpu_memory_utilization": ("cache_config", "gpu_memory_utilization",
-                               "gpu_memory_utilization"),
-    "num_gpu_blocks_override": ("cache_config", "num_gpu_blocks_override",
-                                "num_gpu_blocks_override"),
-    "kv_cache_memory_bytes": ("cache_config", "kv_cache_memory_bytes", "kv_cache_memory_bytes"),
-    "max_model_len": ("model_config", "max_model_len", "max_model_len"),
-    "quantization": ("model_config", "quantization", "quantization"),
-    "all2all_backend": ("parallel_config", "all2all_backend", "all2all_backend"),
-    "disable_custom_all_reduce": ("parallel_config", "disable_custom_all_reduce",
-                                  "disable_custom_all_reduce"),
-    "max_cudagraph_capture_size": ("compilation_config", "max_cudagraph_capture_size",
-                                   "max_cudagraph_capture_size"),
+    "max_num_seqs": "scheduler_config.max_num_seqs",
+    "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "long_prefill_token_threshold": "scheduler_config.long_prefill_token_threshold",
+    "enable_chunked_prefill": "scheduler_config.enable_chunked_prefill",
+    "reserve_full_isl": "scheduler_config.scheduler_reserve_full_isl",
+    "async_scheduling": "scheduler_config.async_scheduling",
+    "scheduling_policy": "scheduler_config.policy",
+    "block_size": "cache_config.block_size",
+    "enable_prefix_caching": "cache_config.enable_prefix_caching",
+    "kv_cache_dtype": "cache_config.cache_dtype",
+    "gpu_memory_utilization": "cache_config.gpu_memory_utilization",
+    "num_gpu_blocks_override": "cache_config.num_gpu_blocks_override",
+    "kv_cache_memory_bytes": "cache_config.kv_cache_memory_bytes",
+    "max_model_len": "model_config.max_model_len",
+    "quantization": "model_config.quantization",
+    "all2all_backend": "parallel_config.all2all_backend",
+    "disable_custom_all_reduce": "parallel_config.disable_custom_all_reduce",
+    "max_cudagraph_capture_size": "compilation_config.max_cudagraph_capture_size",
 }
+#: engine arguments named apart from the resolved config's field
+ENGINE_ARGUMENT = {"policy": "scheduling_policy", "cache_dtype": "kv_cache_dtype"}
 
 #: settings of a run the simulator does not model: (section, field, engine argument, the
 #: value at which it changes nothing); a run that set another value is refused, since its
@@ -204,8 +199,9 @@ def run_settings(meta: dict) -> dict:
                              "does not model it, so this run cannot be replayed like for like",
                              source=source)
     settings: dict = {"vllm_version": str(meta.get("vllm_version") or "0.19.0")}
-    for option, (section, field, kwarg) in RUN_SETTINGS.items():
-        found, value = _recorded(meta, section, field, kwarg)
+    for option, where in RUN_SETTINGS.items():
+        section, field = where.split(".")
+        found, value = _recorded(meta, section, field, ENGINE_ARGUMENT.get(field, field))
         if found and value is not None:
             settings[option] = value
     found, eager = _recorded(meta, "model_config", "enforce_eager", "enforce_eager")
