@@ -570,8 +570,10 @@ class _Run:
         heapq.heappush(self.in_flight, (t, self.seq, unit, payload))
 
     # ------------------------------------------------------------------ arrivals
-    def _route_due(self) -> None:
-        pending, now = self.pending, self.now
+    def _route_due(self, until: int | None = None) -> None:
+        """Route the arrivals due by ``until`` (default: now)."""
+        pending = self.pending
+        now = self.now if until is None else until
         while pending and pending[0][0] <= now:
             self._route(heapq.heappop(pending)[2])
 
@@ -667,7 +669,14 @@ class _Run:
 
     # ------------------------------------------------------------------ step dispatch
     def _schedule_units(self) -> None:
-        """Idle units schedule their next batch (every member of a DP group at once)."""
+        """Idle units schedule their next batch (every member of a DP group at once). A
+        stretch that takes an arrival's completion (one unit only: ``_arrival_completion``)
+        moves the clock there, and the unit schedules again at once."""
+        while self._schedule_units_now():
+            pass
+
+    def _schedule_units_now(self) -> bool:
+        """``_schedule_units`` at the clock's time; True where a stretch moved the clock."""
         now = self.now
         inflight_count, depth, free_at = self.inflight_count, self.depth, self.free_at
         async_unit, may_chain, leap_unit = self.async_unit, self.may_chain, self.leap_unit
@@ -684,6 +693,8 @@ class _Run:
             if busy and async_unit[unit] and not may_chain[unit]:
                 continue
             if leap_unit[unit] and self._try_leap(unit):
+                if self.now != now:
+                    return True
                 continue
             may_chain[unit] = False
             payload = []
@@ -693,6 +704,7 @@ class _Run:
                     payload.append((idx, batch))
             if payload:
                 self._launch(unit, members, payload, self._step_ns(unit, members, payload))
+        return False
 
     def _schedule_pipeline(self, unit: int, members: list[int], busy: int) -> None:
         """vLLM's ``step_with_batch_queue`` with a queue of pp batches, at a point where
@@ -836,7 +848,10 @@ class _Run:
 
     def _try_leap(self, unit: int) -> bool:
         """Advance ``unit`` over a stretch of pure-decode steps up to the next event of
-        anything else (sim.leap); False (nothing done) where no stretch applies."""
+        anything else (sim.leap); False (nothing done) where no stretch applies. Where that
+        event is an arrival that finds the unit full, the stretch also takes the
+        completion that frees it, routes the arrivals due by then and moves the clock
+        there, where the unit schedules next (``_arrival_completion``)."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -867,11 +882,20 @@ class _Run:
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
+        arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
+        if arrival_end is not None:
+            completions.append(arrival_end)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
         finished = finished_in(plan, len(completions)) if plan.bounds else len(plan.leaving)
-        self._apply_leap(unit, idx, plan, durations, completions, in_flight)
+        self._apply_leap(unit, idx, plan, durations, completions, in_flight,
+                         wake_up=arrival_end is None)
+        if arrival_end is not None:
+            self._route_due(arrival_end)
+            # (that completion's record sees the requests queued just before it)
+            self.series.set_last_waiting(arrival_end, len(sch.waiting))
+            self.now = arrival_end
         if finished:
             self.remaining -= finished
             if self.progress is not None:
@@ -899,6 +923,31 @@ class _Run:
         if self.opts.max_sim_time_ns is not None and self.opts.max_sim_time_ns + 1 < h:
             h = self.opts.max_sim_time_ns + 1
         return h
+
+    def _arrival_completion(self, plan, own_step, horizon: int, durations: list[int],
+                            completions: list[int]) -> int | None:
+        """Where the horizon is an arrival that finds the unit full (one more step in
+        flight than completed: sync one, async two) and nothing else happens until the
+        first of those steps ends, the time it ends: step by step, the arrivals due by
+        then are routed, then that step completes, then the unit schedules. The stretch
+        may take that completion too (the plan allowing one more); None where not. (One
+        unit only: with more, an arrival is routed when it comes, and another may take
+        it.)"""
+        done = len(completions)
+        if (not self.lone_unit or len(durations) != done + 1 or done >= plan.max_completions
+                or not self.pending or self.pending[0][0] != horizon):
+            return None
+        async_ = own_step is not None
+        end = (completions[-1] if completions else self.now) + durations[done - async_]
+        if end < horizon:
+            return None  # (the stretch stopped short of the arrival)
+        max_time = self.opts.max_sim_time_ns
+        if max_time is not None and end > max_time:
+            return None
+        for e in self.in_flight:
+            if e[0] <= end and e is not own_step:
+                return None
+        return end
 
     def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before
@@ -982,7 +1031,10 @@ class _Run:
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int], in_flight) -> None:
+                    completions: list[int], in_flight, wake_up: bool = True) -> None:
+        """Apply the stretch: the scheduler's state, the steps left in flight, the time
+        series and power rows; ``wake_up``: the unit's next scheduling point at the last
+        completion is an event (else the caller schedules it)."""
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
@@ -1027,7 +1079,7 @@ class _Run:
             self.inflight_count[unit] += len(batches) - 1
         else:
             self.inflight_count[unit] += len(batches)
-        if completions and len(batches) == async_:
+        if wake_up and completions and len(batches) == async_:
             # The step-by-step loop schedules the unit again at its last completion (async
             # with two steps in flight it cannot: the stretch has taken that step).
             self._push(completions[-1], unit, None)

@@ -251,6 +251,10 @@ class TimeSeries:
             self.kv[b] = kv_at(hi - 1)
             lo = hi
 
+    def set_last_waiting(self, t_ns: int, waiting: int) -> None:
+        """The waiting count of the last record, made at ``t_ns``."""
+        self.waiting[t_ns // self.interval_ns] = waiting
+
     def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
         b = t_ns // self.interval_ns
         if len(self.prompt) <= b:
