@@ -671,7 +671,8 @@ class _Run:
     def _schedule_units(self) -> None:
         """Idle units schedule their next batch (every member of a DP group at once). A
         stretch that takes an arrival's completion (one unit only: ``_arrival_completion``)
-        moves the clock there, and the unit schedules again at once."""
+        moves the clock there, where the unit schedules at once (unless the stretch has
+        taken that step too)."""
         while self._schedule_units_now():
             pass
 
@@ -851,7 +852,9 @@ class _Run:
         anything else (sim.leap); False (nothing done) where no stretch applies. Where that
         event is an arrival that finds the unit full, the stretch also takes the
         completion that frees it, routes the arrivals due by then and moves the clock
-        there, where the unit schedules next (``_arrival_completion``)."""
+        there (``_arrival_completion``), where the unit schedules next: where the plan
+        covers that step, the stretch takes its decodes and the scheduler adds the waiting
+        queue (``Scheduler.schedule_after_decodes``), and the step is put in flight."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -883,19 +886,27 @@ class _Run:
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
         arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
+        decodes_next = False
         if arrival_end is not None:
             completions.append(arrival_end)
+            decodes_next = _plan_takes_step(plan, len(durations))
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
         finished = finished_in(plan, len(completions)) if plan.bounds else len(plan.leaving)
-        self._apply_leap(unit, idx, plan, durations, completions, in_flight,
-                         wake_up=arrival_end is None)
+        decodes = self._apply_leap(unit, idx, plan, durations, completions, in_flight,
+                                   wake_up=arrival_end is None, decodes_next=decodes_next)
         if arrival_end is not None:
             self._route_due(arrival_end)
             # (that completion's record sees the requests queued just before it)
             self.series.set_last_waiting(arrival_end, len(sch.waiting))
             self.now = arrival_end
+            if decodes is not None:
+                # The step the unit schedules there: the running requests' decodes from
+                # the plan, then the waiting queue through the scheduler.
+                self.may_chain[unit] = False
+                payload = [(idx, sch.schedule_after_decodes(decodes, arrival_end))]
+                self._launch(unit, [idx], payload, self._step_ns(unit, [idx], payload))
         if finished:
             self.remaining -= finished
             if self.progress is not None:
@@ -1031,14 +1042,18 @@ class _Run:
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int], in_flight, wake_up: bool = True) -> None:
+                    completions: list[int], in_flight, wake_up: bool = True,
+                    decodes_next: bool = False):
         """Apply the stretch: the scheduler's state, the steps left in flight, the time
         series and power rows; ``wake_up``: the unit's next scheduling point at the last
-        completion is an event (else the caller schedules it)."""
+        completion is an event (else the caller schedules it). ``decodes_next``: the
+        plan's next step, scheduled at the last completion, is taken too, and its batch
+        (not timed, not put in flight) returned for the caller to complete."""
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
-        batches = apply_leap(sch, plan, steps, self.now, completions, self.itl)
+        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl)
+        decodes = batches.pop() if decodes_next else None
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
         free0, pops_through = plan.free0, plan.pops_through
@@ -1083,6 +1098,7 @@ class _Run:
             # The step-by-step loop schedules the unit again at its last completion (async
             # with two steps in flight it cannot: the stretch has taken that step).
             self._push(completions[-1], unit, None)
+        return decodes
 
     # ------------------------------------------------------------------ summary
     def result(self) -> RunResult:
@@ -1120,6 +1136,14 @@ class _Run:
         # one number a search can constrain on: lookups the latency data did not cover
         summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(self.all_reqs, summary, self.series)
+
+
+def _plan_takes_step(plan, j: int) -> bool:
+    """Whether step ``j`` of the stretch may be taken as planned: within its steps, before
+    any finish it does not cover (every request finished by then has left the batch),
+    the batch the one before's, and no waiting head looked up at each step."""
+    return (j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
+            and plan.head_lookup is None)
 
 
 def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,
