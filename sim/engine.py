@@ -4,7 +4,9 @@ Per event time ``now`` (integer ns): route the requests that have arrived; retir
 iterations that end now (tokens, finished requests, released session turns and
 closed-loop follow-ups); then every idle instance schedules its next batch, the backend
 times it, and its completion becomes the next event. When every instance is idle the
-clock jumps to the next arrival. No I/O, logging or pandas inside the loop.
+clock jumps to the next arrival. An event leap (sim.leap) advances an instance over many
+such event times at once, in one instance's case through an arrival's admission too
+(``_Run._try_leap``). No I/O, logging or pandas inside the loop.
 """
 
 from __future__ import annotations
@@ -854,7 +856,9 @@ class _Run:
         completion that frees it, routes the arrivals due by then and moves the clock
         there (``_arrival_completion``), where the unit schedules next: where the plan
         covers that step, the stretch takes its decodes and the scheduler adds the waiting
-        queue (``Scheduler.schedule_after_decodes``), and the step is put in flight."""
+        queue (``Scheduler.schedule_after_decodes``), the step is put in flight and (async)
+        the stretch takes the completion of the step before it too
+        (``_run_into_arrival``)."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -886,10 +890,15 @@ class _Run:
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
         arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
-        decodes_next = False
+        decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
+        own_end = None  # (async) the end of the step left in flight, where taken too
         if arrival_end is not None:
             completions.append(arrival_end)
-            decodes_next = _plan_takes_step(plan, len(durations))
+            if decodes_next and b1 is not None:
+                own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
+                                               len(completions))
+                if own_end is not None:
+                    completions.append(own_end)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
@@ -897,16 +906,7 @@ class _Run:
         decodes = self._apply_leap(unit, idx, plan, durations, completions, in_flight,
                                    wake_up=arrival_end is None, decodes_next=decodes_next)
         if arrival_end is not None:
-            self._route_due(arrival_end)
-            # (that completion's record sees the requests queued just before it)
-            self.series.set_last_waiting(arrival_end, len(sch.waiting))
-            self.now = arrival_end
-            if decodes is not None:
-                # The step the unit schedules there: the running requests' decodes from
-                # the plan, then the waiting queue through the scheduler.
-                self.may_chain[unit] = False
-                payload = [(idx, sch.schedule_after_decodes(decodes, arrival_end))]
-                self._launch(unit, [idx], payload, self._step_ns(unit, [idx], payload))
+            self._run_into_arrival(unit, idx, arrival_end, decodes, own_end)
         if finished:
             self.remaining -= finished
             if self.progress is not None:
@@ -935,6 +935,54 @@ class _Run:
             h = self.opts.max_sim_time_ns + 1
         return h
 
+    def _run_into_arrival(self, unit: int, idx: int, arrival_end: int, decodes,
+                          own_end: int | None) -> None:
+        """After a stretch that took the completion an arrival waits for (at
+        ``arrival_end``): route the arrivals due by then (that completion's record sees
+        them queued) and move the clock there. With ``decodes`` (the plan's next step,
+        taken), the scheduler adds the waiting queue to it and the step is put in
+        flight; (async) with ``own_end``, the step that was left in flight, whose
+        completion the stretch has taken too (a token each, nothing finishing), completes
+        then, after the arrivals due by then (its record sees the new step's state)."""
+        sch = self.schedulers[idx]
+        self._route_due(arrival_end)
+        # (with own_end, its record comes after: it is given its own state below)
+        self.series.set_state_at(arrival_end, waiting=len(sch.waiting))
+        self.now = arrival_end
+        if decodes is None:
+            return
+        self.may_chain[unit] = False
+        if own_end is not None:
+            self.inflight_count[unit] += 1  # (the step left in flight is, until own_end)
+        payload = [(idx, sch.schedule_after_decodes(decodes, arrival_end))]
+        self._launch(unit, [idx], payload, self._step_ns(unit, [idx], payload))
+        if own_end is not None:
+            self.inflight_count[unit] -= 1
+            self.may_chain[unit] = True
+            self.now = own_end
+            self._route_due(own_end)
+            self.series.set_state_at(own_end, len(sch.running), len(sch.waiting),
+                                     sch.kv.usage())
+
+    def _nothing_else_by(self, end: int, own_step) -> bool:
+        """Whether no event but ``own_step`` comes by ``end`` (nor the end of simulated
+        time)."""
+        max_time = self.opts.max_sim_time_ns
+        if max_time is not None and end > max_time:
+            return False
+        for e in self.in_flight:
+            if e[0] <= end and e is not own_step:
+                return False
+        return True
+
+    def _own_completion(self, plan, own_step, end: int, done: int) -> int | None:
+        """(Async) ``end``, the end of the step a stretch leaves in flight when it takes
+        the step the unit schedules at its last completion, where the stretch may take
+        that completion too: the plan allowing one more and nothing else by then."""
+        if done < plan.max_completions and self._nothing_else_by(end, own_step):
+            return end
+        return None
+
     def _arrival_completion(self, plan, own_step, horizon: int, durations: list[int],
                             completions: list[int]) -> int | None:
         """Where the horizon is an arrival that finds the unit full (one more step in
@@ -952,13 +1000,7 @@ class _Run:
         end = (completions[-1] if completions else self.now) + durations[done - async_]
         if end < horizon:
             return None  # (the stretch stopped short of the arrival)
-        max_time = self.opts.max_sim_time_ns
-        if max_time is not None and end > max_time:
-            return None
-        for e in self.in_flight:
-            if e[0] <= end and e is not own_step:
-                return None
-        return end
+        return end if self._nothing_else_by(end, own_step) else None
 
     def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before

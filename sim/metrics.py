@@ -251,9 +251,19 @@ class TimeSeries:
             self.kv[b] = kv_at(hi - 1)
             lo = hi
 
-    def set_last_waiting(self, t_ns: int, waiting: int) -> None:
-        """The waiting count of the last record, made at ``t_ns``."""
-        self.waiting[t_ns // self.interval_ns] = waiting
+    def set_state_at(self, t_ns: int, running: int | None = None, waiting: int | None = None,
+                     kv: float | None = None) -> None:
+        """The state (those given) that the record at ``t_ns`` leaves, set after the
+        records: in its bucket and the ones after it, which carry it over (a record after
+        it is then given its own)."""
+        b = t_ns // self.interval_ns
+        n = len(self.prompt) - b
+        if running is not None:
+            self.running[b:] = [running] * n
+        if waiting is not None:
+            self.waiting[b:] = [waiting] * n
+        if kv is not None:
+            self.kv[b:] = [kv] * n
 
     def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
         b = t_ns // self.interval_ns
