@@ -4,7 +4,9 @@ Per event time ``now`` (integer ns): route the requests that have arrived; retir
 iterations that end now (tokens, finished requests, released session turns and
 closed-loop follow-ups); then every idle instance schedules its next batch, the backend
 times it, and its completion becomes the next event. When every instance is idle the
-clock jumps to the next arrival. No I/O, logging or pandas inside the loop.
+clock jumps to the next arrival. An event leap (sim.leap) advances an instance over many
+such event times at once, in one instance's case through an arrival's admission too
+(``_Run._try_leap``). No I/O, logging or pandas inside the loop.
 """
 
 from __future__ import annotations
@@ -570,8 +572,10 @@ class _Run:
         heapq.heappush(self.in_flight, (t, self.seq, unit, payload))
 
     # ------------------------------------------------------------------ arrivals
-    def _route_due(self) -> None:
-        pending, now = self.pending, self.now
+    def _route_due(self, until: int | None = None) -> None:
+        """Route the arrivals due by ``until`` (default: now)."""
+        pending = self.pending
+        now = self.now if until is None else until
         while pending and pending[0][0] <= now:
             self._route(heapq.heappop(pending)[2])
 
@@ -667,7 +671,15 @@ class _Run:
 
     # ------------------------------------------------------------------ step dispatch
     def _schedule_units(self) -> None:
-        """Idle units schedule their next batch (every member of a DP group at once)."""
+        """Idle units schedule their next batch (every member of a DP group at once). A
+        stretch that takes an arrival's completion (one unit only: ``_arrival_completion``)
+        moves the clock there, where the unit schedules at once (unless the stretch has
+        taken that step too)."""
+        while self._schedule_units_now():
+            pass
+
+    def _schedule_units_now(self) -> bool:
+        """``_schedule_units`` at the clock's time; True where a stretch moved the clock."""
         now = self.now
         inflight_count, depth, free_at = self.inflight_count, self.depth, self.free_at
         async_unit, may_chain, leap_unit = self.async_unit, self.may_chain, self.leap_unit
@@ -684,6 +696,8 @@ class _Run:
             if busy and async_unit[unit] and not may_chain[unit]:
                 continue
             if leap_unit[unit] and self._try_leap(unit):
+                if self.now != now:
+                    return True
                 continue
             may_chain[unit] = False
             payload = []
@@ -693,6 +707,7 @@ class _Run:
                     payload.append((idx, batch))
             if payload:
                 self._launch(unit, members, payload, self._step_ns(unit, members, payload))
+        return False
 
     def _schedule_pipeline(self, unit: int, members: list[int], busy: int) -> None:
         """vLLM's ``step_with_batch_queue`` with a queue of pp batches, at a point where
@@ -836,7 +851,14 @@ class _Run:
 
     def _try_leap(self, unit: int) -> bool:
         """Advance ``unit`` over a stretch of pure-decode steps up to the next event of
-        anything else (sim.leap); False (nothing done) where no stretch applies."""
+        anything else (sim.leap); False (nothing done) where no stretch applies. Where that
+        event is an arrival that finds the unit full, the stretch also takes the
+        completion that frees it, routes the arrivals due by then and moves the clock
+        there (``_arrival_completion``), where the unit schedules next: where the plan
+        covers that step, the stretch takes its decodes and the scheduler adds the waiting
+        queue (``Scheduler.schedule_after_decodes``), the step is put in flight and (async)
+        the stretch takes the completion of the step before it too
+        (``_run_into_arrival``)."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -867,11 +889,24 @@ class _Run:
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
+        arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
+        decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
+        own_end = None  # (async) the end of the step left in flight, where taken too
+        if arrival_end is not None:
+            completions.append(arrival_end)
+            if decodes_next and b1 is not None:
+                own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
+                                               len(completions))
+                if own_end is not None:
+                    completions.append(own_end)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
         finished = finished_in(plan, len(completions)) if plan.bounds else len(plan.leaving)
-        self._apply_leap(unit, idx, plan, durations, completions, in_flight)
+        decodes = self._apply_leap(unit, idx, plan, durations, completions, in_flight,
+                                   wake_up=arrival_end is None, decodes_next=decodes_next)
+        if arrival_end is not None:
+            self._run_into_arrival(unit, idx, arrival_end, decodes, own_end)
         if finished:
             self.remaining -= finished
             if self.progress is not None:
@@ -899,6 +934,73 @@ class _Run:
         if self.opts.max_sim_time_ns is not None and self.opts.max_sim_time_ns + 1 < h:
             h = self.opts.max_sim_time_ns + 1
         return h
+
+    def _run_into_arrival(self, unit: int, idx: int, arrival_end: int, decodes,
+                          own_end: int | None) -> None:
+        """After a stretch that took the completion an arrival waits for (at
+        ``arrival_end``): route the arrivals due by then (that completion's record sees
+        them queued) and move the clock there. With ``decodes`` (the plan's next step,
+        taken), the scheduler adds the waiting queue to it and the step is put in
+        flight; (async) with ``own_end``, the step that was left in flight, whose
+        completion the stretch has taken too (a token each, nothing finishing), completes
+        then, after the arrivals due by then (its record sees the new step's state)."""
+        sch = self.schedulers[idx]
+        self._route_due(arrival_end)
+        # (with own_end, its record comes after: it is given its own state below)
+        self.series.set_state_at(arrival_end, waiting=len(sch.waiting))
+        self.now = arrival_end
+        if decodes is None:
+            return
+        self.may_chain[unit] = False
+        if own_end is not None:
+            self.inflight_count[unit] += 1  # (the step left in flight is, until own_end)
+        payload = [(idx, sch.schedule_after_decodes(decodes, arrival_end))]
+        self._launch(unit, [idx], payload, self._step_ns(unit, [idx], payload))
+        if own_end is not None:
+            self.inflight_count[unit] -= 1
+            self.may_chain[unit] = True
+            self.now = own_end
+            self._route_due(own_end)
+            self.series.set_state_at(own_end, len(sch.running), len(sch.waiting),
+                                     sch.kv.usage())
+
+    def _nothing_else_by(self, end: int, own_step) -> bool:
+        """Whether no event but ``own_step`` comes by ``end`` (nor the end of simulated
+        time)."""
+        max_time = self.opts.max_sim_time_ns
+        if max_time is not None and end > max_time:
+            return False
+        for e in self.in_flight:
+            if e[0] <= end and e is not own_step:
+                return False
+        return True
+
+    def _own_completion(self, plan, own_step, end: int, done: int) -> int | None:
+        """(Async) ``end``, the end of the step a stretch leaves in flight when it takes
+        the step the unit schedules at its last completion, where the stretch may take
+        that completion too: the plan allowing one more and nothing else by then."""
+        if done < plan.max_completions and self._nothing_else_by(end, own_step):
+            return end
+        return None
+
+    def _arrival_completion(self, plan, own_step, horizon: int, durations: list[int],
+                            completions: list[int]) -> int | None:
+        """Where the horizon is an arrival that finds the unit full (one more step in
+        flight than completed: sync one, async two) and nothing else happens until the
+        first of those steps ends, the time it ends: step by step, the arrivals due by
+        then are routed, then that step completes, then the unit schedules. The stretch
+        may take that completion too (the plan allowing one more); None where not. (One
+        unit only: with more, an arrival is routed when it comes, and another may take
+        it.)"""
+        done = len(completions)
+        if (not self.lone_unit or len(durations) != done + 1 or done >= plan.max_completions
+                or not self.pending or self.pending[0][0] != horizon):
+            return None
+        async_ = own_step is not None
+        end = (completions[-1] if completions else self.now) + durations[done - async_]
+        if end < horizon:
+            return None  # (the stretch stopped short of the arrival)
+        return end if self._nothing_else_by(end, own_step) else None
 
     def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before
@@ -982,11 +1084,18 @@ class _Run:
         return durations, completions
 
     def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int], in_flight) -> None:
+                    completions: list[int], in_flight, wake_up: bool = True,
+                    decodes_next: bool = False):
+        """Apply the stretch: the scheduler's state, the steps left in flight, the time
+        series and power rows; ``wake_up``: the unit's next scheduling point at the last
+        completion is an event (else the caller schedules it). ``decodes_next``: the
+        plan's next step, scheduled at the last completion, is taken too, and its batch
+        (not timed, not put in flight) returned for the caller to complete."""
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
-        batches = apply_leap(sch, plan, steps, self.now, completions, self.itl)
+        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl)
+        decodes = batches.pop() if decodes_next else None
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
         free0, pops_through = plan.free0, plan.pops_through
@@ -1027,10 +1136,11 @@ class _Run:
             self.inflight_count[unit] += len(batches) - 1
         else:
             self.inflight_count[unit] += len(batches)
-        if completions and len(batches) == async_:
+        if wake_up and completions and len(batches) == async_:
             # The step-by-step loop schedules the unit again at its last completion (async
             # with two steps in flight it cannot: the stretch has taken that step).
             self._push(completions[-1], unit, None)
+        return decodes
 
     # ------------------------------------------------------------------ summary
     def result(self) -> RunResult:
@@ -1068,6 +1178,14 @@ class _Run:
         # one number a search can constrain on: lookups the latency data did not cover
         summary["latency_off_grid_lookups"] = sum(extrap.values())
         return RunResult(self.all_reqs, summary, self.series)
+
+
+def _plan_takes_step(plan, j: int) -> bool:
+    """Whether step ``j`` of the stretch may be taken as planned: within its steps, before
+    any finish it does not cover (every request finished by then has left the batch),
+    the batch the one before's, and no waiting head looked up at each step."""
+    return (j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
+            and plan.head_lookup is None)
 
 
 def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,

@@ -518,10 +518,7 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     tokens in flight)."""
     running = sch.running
     done = len(completion_ns)
-    if sch.unread:  # the first step's schedule reads the engine's input queue
-        for r in sch.unread:
-            r.queued_ns = start_ns
-        sch.unread.clear()
+    sch.read_input(start_ns)  # (the first step's schedule)
     _apply_block_events(sch, plan, steps, done)
     sch.preempted_last = []
     if plan.head_lookup is not None:

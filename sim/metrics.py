@@ -251,6 +251,20 @@ class TimeSeries:
             self.kv[b] = kv_at(hi - 1)
             lo = hi
 
+    def set_state_at(self, t_ns: int, running: int | None = None, waiting: int | None = None,
+                     kv: float | None = None) -> None:
+        """The state (those given) that the record at ``t_ns`` leaves, set after the
+        records: in its bucket and the ones after it, which carry it over (a record after
+        it is then given its own)."""
+        b = t_ns // self.interval_ns
+        n = len(self.prompt) - b
+        if running is not None:
+            self.running[b:] = [running] * n
+        if waiting is not None:
+            self.waiting[b:] = [waiting] * n
+        if kv is not None:
+            self.kv[b:] = [kv] * n
+
     def record(self, t_ns: int, prompt: int, gen: int, running: int, waiting: int, kv: float) -> None:
         b = t_ns // self.interval_ns
         if len(self.prompt) <= b:

@@ -413,13 +413,16 @@ class Scheduler:
         self.admitted_transfers.append(req)
         return True
 
-    def schedule(self, now: int) -> Batch | None:
+    def read_input(self, now: int) -> None:
+        """vLLM's engine core reads its input queue right before it schedules (between
+        steps, or at once when idle): that is when a request is QUEUED."""
         if self.unread:
-            # vLLM's engine core reads its input queue right before it schedules (between
-            # steps, or at once when idle): that is when a request is QUEUED.
             for r in self.unread:
                 r.queued_ns = now
             self.unread.clear()
+
+    def schedule(self, now: int) -> Batch | None:
+        self.read_input(now)
         step = Step(self.async_scheduling)
         if self.preempted_last:
             self.preempted_last = []
@@ -429,6 +432,22 @@ class Scheduler:
             tier_bytes = self._schedule_waiting(now, step, budget)
         if not step.reqs:
             return None
+        return step.batch(tier_bytes)
+
+    def schedule_after_decodes(self, decodes: Batch, now: int) -> Batch:
+        """``schedule`` at ``now`` where the running requests' part of the step, one
+        decode each, is ``decodes``, taken already with its effects (an event leap's
+        step, ``sim.leap``; nothing preempted): the waiting queue is scheduled after it."""
+        self.read_input(now)
+        step = Step(self.async_scheduling)
+        reqs = step.reqs = list(decodes.requests)
+        n = len(reqs)
+        step.news = [1] * n
+        step.samples = [True] * n
+        step.decode_kv = [r.num_computed - 1 for r in reqs]
+        tier_bytes = 0
+        if self.waiting or self.receiving:
+            tier_bytes = self._schedule_waiting(now, step, self.budget - n)
         return step.batch(tier_bytes)
 
     def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
