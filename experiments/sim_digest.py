@@ -2,11 +2,11 @@
 
     python experiments/sim_digest.py [--save FILE] [--check FILE] [--only SUBSTR] [--quick]
 
-Runs ~150 scenarios (the validation replays, the ShareGPT trace under tight and loose KV
-pools, random workloads with shared prefixes, every scheduling option, a CPU prefix tier,
-PD, PP, TP, DP/EP MoE, power), each with event leaping on and off, and hashes what a user
-gets: the per-request CSV, the summary JSON (less its wall-clock fields) and the time
-series CSV. Leaping on and off must give the same digest; ``--save`` writes the digests
+Runs ~150 scenarios (the validation replays, also with 10 ms time-series rows, the
+ShareGPT trace under tight and loose KV pools, random workloads with shared prefixes,
+every scheduling option, a CPU prefix tier, PD, PP, TP, DP/EP MoE, power), each with
+event leaping on and off, and hashes what a user gets: the per-request CSV, the summary
+JSON (less its wall-clock fields) and the time series CSV. Leaping on and off must give the same digest; ``--save`` writes the digests
 and ``--check`` compares them with a saved file (a speed change must keep every one).
 """
 
@@ -124,6 +124,11 @@ def scenarios(quick: bool = False):
                 out.append((name, lambda a=async_, b=blocks, c=caching: (
                     _rtx_cluster(b), _trace(300),
                     sim.SimOptions(**base, async_scheduling=a, enable_prefix_caching=c))))
+    # time-series rows shorter than a step (a leap's records between two completions)
+    for async_ in (True, False):
+        out.append((f"rtx_replay_async{int(async_)}_rows10ms", lambda a=async_: (
+            _rtx_cluster(None), _trace(120),
+            sim.SimOptions(**base, async_scheduling=a, timeseries_interval_ns=10_000_000))))
     for speed in (0.3, 3.0):
         for tier in (None, "CPU"):
             for policy in ("fcfs", "priority"):
