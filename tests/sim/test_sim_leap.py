@@ -5,13 +5,15 @@ every per-request timestamp and counter, the summary and the time series. The ca
 cover preemption (tiny KV pools), prefix caching with shared prefixes and a lower tier,
 async scheduling on and off, chunked prefill on and off, FCFS and priority scheduling,
 max_model_len, several instances, pipeline parallelism, PD disaggregation, DP/EP MoE
-groups and power modelling.
+groups and power modelling; randomized single-instance cases add closed-loop clients,
+max_sim_time_ns and time-series rows of 10 ms to 1 s.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -402,3 +404,50 @@ def test_stretch_into_an_arrival_with_short_series_rows(async_, caching):
                           async_scheduling=async_, enable_prefix_caching=caching,
                           timeseries_interval_ns=10_000_000)
     _assert_same(cluster, wl, opts)
+
+
+def _random_single_instance_case(seed: int):
+    """A single-instance case drawn from ``seed``: the measured RTX 4090 bundle (decode
+    steps of ~20 ms) under any of sync/async scheduling, prefix caching (shared prompt
+    prefixes, a lower tier), FCFS/priority, max_model_len, max_sim_time_ns, closed-loop
+    clients (paced or not) and time-series rows of 10 ms to 1 s; a KV pool from barely
+    the longest request to forty times it."""
+    rng = random.Random(seed)
+    prefixes = [[1000 * p + k for k in range(rng.randint(8, 200))] for p in range(3)]
+    reqs, t = [], 0
+    for i in range(rng.randint(5, 60)):
+        t += rng.choice([0, 1_000_000, 20_000_000, 300_000_000, rng.randint(0, 500_000_000)])
+        n_in = rng.randint(1, 1500)
+        ids = None
+        if rng.random() < 0.5:
+            pre = prefixes[rng.randint(0, 2)][:n_in]
+            ids = pre + [7 + i * 100_000 + k for k in range(n_in - len(pre))]
+        reqs.append(Request(i, t, n_in, rng.randint(1, 400), input_ids=ids))
+        reqs[-1].priority = rng.randint(0, 2)
+    clients = rng.choice([0, 0, 0, rng.randint(1, 12)])
+    wl = sim.Workload(reqs, source="<random>", closed_loop_clients=clients,
+                      paced=bool(clients) and rng.random() < 0.5)
+    block_size = rng.choice([16, 16, 4, 32])
+    longest = max(r.input_len + r.output_len for r in reqs)
+    blocks = int((longest // block_size + 2) * rng.choice([1.05, 1.5, 3, 10, 40])) + 2
+    layout = cluster_dict(blocks, 1, block_size, hardware="RTX4090")
+    layout["nodes"][0]["instances"][0]["npu_mem"]["mem_size"] = 24  # (the override sets the pool)
+    caching = rng.random() < 0.6
+    opts = sim.SimOptions(
+        max_num_seqs=rng.choice([4, 16, 256]),
+        max_num_batched_tokens=rng.choice([256, 512, 2048, 4096]),
+        async_scheduling=rng.random() < 0.6, enable_prefix_caching=caching,
+        block_size=block_size, reserve_full_isl=rng.random() < 0.7,
+        scheduling_policy=rng.choice(["fcfs", "priority"]),
+        max_model_len=rng.choice([None, None, 700, 1200]),
+        max_sim_time_ns=rng.choice([None, None, None, rng.randint(10**8, 2 * 10**10)]),
+        prefix_storage=rng.choice([None, None, "CPU"]) if caching else None,
+        timeseries_interval_ns=rng.choice([10**7, 2 * 10**7, 5 * 10**7, 10**8, 10**9]))
+    return sim.parse_cluster(layout), wl, opts
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_single_instance_cases_leap_exactly(seed):
+    """Randomized single-instance cases (``_random_single_instance_case``): leaping on
+    and off give byte-identical output."""
+    _assert_same(*_random_single_instance_case(seed))
