@@ -147,6 +147,8 @@ RUN_SETTINGS = {
 }
 #: engine arguments named apart from the resolved config's field
 ENGINE_ARGUMENT = {"policy": "scheduling_policy", "cache_dtype": "kv_cache_dtype"}
+#: the run settings the harness applies to the cluster's instances, not to SimOptions
+CLUSTER_SETTINGS = ("gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes")
 
 #: settings of a run the simulator does not model: (section, field, engine argument, the
 #: value at which it changes nothing); a run that set another value is refused, since its
@@ -160,9 +162,6 @@ UNMODELLED = (
     ("lora_config", None, "enable_lora", None),
 )
 
-
-#: the run settings the harness applies to the cluster's instances, not to SimOptions
-CLUSTER_SETTINGS = ("gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes")
 
 
 def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
@@ -181,9 +180,9 @@ def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
 
 
 def run_settings(meta: dict) -> dict:
-    """The SimOptions of the run ``meta`` records (plus ``gpu_memory_utilization``,
-    ``num_gpu_blocks_override`` and ``kv_cache_memory_bytes`` for the cluster): every setting in RUN_SETTINGS the run
-    records, the simulated vLLM version, and eager mode (``enforce_eager`` or a
+    """The SimOptions of the run ``meta`` records (plus the CLUSTER_SETTINGS, which the
+    caller applies to the cluster): every setting in RUN_SETTINGS the run records, the
+    simulated vLLM version, and eager mode (``enforce_eager`` or a
     cudagraph_mode of NONE: no CUDA graphs, max_cudagraph_capture_size 0). Settings the run
     left out keep the simulator's defaults (vLLM 0.19's). Raises InputError naming the
     field when the run used a feature the simulator does not model (UNMODELLED) or a
@@ -193,7 +192,7 @@ def run_settings(meta: dict) -> dict:
     source = "vllm/meta.json"
     for section, field, kwarg, neutral in UNMODELLED:
         found, value = _recorded(meta, section, field, kwarg)
-        if found and value not in (neutral, None, {}, False if neutral is False else None):
+        if found and value not in (neutral, None, {}, False):
             name = f"resolved_config.{section}" + (f".{field}" if field else "")
             raise InputError(f"{name} (or engine_kwargs.{kwarg}) is {value!r}: the simulator "
                              "does not model it, so this run cannot be replayed like for like",
@@ -316,6 +315,8 @@ def _block_error(info: dict) -> str:
     if not real or len(simulated) != 1:
         return ""
     return f" ({100.0 * (simulated.pop() - real) / real:+.2f}%)"
+
+
 def error_table(measured: dict, simulated: dict) -> list[tuple[str, str, float, float, float]]:
     rows = []
     for m in METRICS:
