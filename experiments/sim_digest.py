@@ -197,17 +197,12 @@ def scenarios(quick: bool = False):
 
 def _moe_case(async_: bool):
     sys.path.insert(0, str(REPO / "experiments"))
-    from validate_vllm import CLUSTER_SETTINGS, run_settings
+    from validate_vllm import apply_cluster_settings, run_settings
 
     folder = shared_data_root() / MOE
     meta = json.loads((folder / "vllm" / "meta.json").read_text())
-    cluster = sim.load_cluster(folder / "cluster.json")
     settings = run_settings(meta)
-    util = settings.get("gpu_memory_utilization")
-    if util:
-        cluster = cluster.with_mem_util(util)
-    for key in CLUSTER_SETTINGS:
-        settings.pop(key, None)
+    cluster = apply_cluster_settings(sim.load_cluster(folder / "cluster.json"), settings)
     opts = sim.SimOptions(**{**settings, "async_scheduling": async_})
     wl = sim.load_jsonl(shared_data_root() / meta["dataset_path"], limit=120)
     return cluster, wl, opts

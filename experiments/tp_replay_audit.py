@@ -35,8 +35,7 @@ from pathlib import Path
 
 import sim
 from sim.latency.base import BatchShape
-from sim.memory import (DeviceTraits, activation_peak_bytes, device_total_bytes, device_traits,
-                        non_torch_bytes, request_memory, weight_bytes)
+from sim.memory import device_traits, memory_budget
 from sim.model import load_model
 from sim.paths import shared_data_root
 
@@ -67,17 +66,6 @@ def options(args) -> sim.SimOptions:
                           latency_provider="measured")
 
 
-def blocks_with_non_torch(inst_cfg, model, tp: int, args, device: DeviceTraits) -> int:
-    """KV blocks of one TP worker on ``device`` (its non-torch term in place of the
-    instance's hardware's), the rest as sim/memory.py derives them."""
-    peak = activation_peak_bytes(model, tp, 1, args.max_num_batched_tokens,
-                                 args.max_num_seqs, device)
-    requested = request_memory(device_total_bytes(inst_cfg), inst_cfg.npu_mem.mem_util)
-    kv = (requested - weight_bytes(model, tp, 1, 1) - peak
-          - non_torch_bytes(inst_cfg, device=device))
-    return max(0, kv) // (model.kv_bytes_per_token(tp, 1) * 16)
-
-
 def replay_row(model_name: str, tp: int, workload: str, args) -> list[str]:
     cluster = cluster_for(model_name, tp)
     model = load_model(model_name)
@@ -88,7 +76,8 @@ def replay_row(model_name: str, tp: int, workload: str, args) -> list[str]:
     blocks = s["kv_blocks"]["0"]
     as_4090 = replace(device_traits(HARDWARE),
                       non_torch_bytes=device_traits("RTX4090").non_torch_bytes)
-    implied = blocks_with_non_torch(inst, model, tp, args, as_4090)
+    implied = memory_budget(inst, model, 16, args.max_num_batched_tokens, args.max_num_seqs,
+                            device=as_4090).num_blocks
     ttft, tpot, e2e = s["engine_ttft_ms"], s["tpot_ms"], s["engine_latency_ms"]
     return [f"{model_name.split('/')[1]} tp{tp}", f"{blocks:,}",
             f"{implied:,} ({100 * (implied - blocks) / blocks:+.1f}%)",

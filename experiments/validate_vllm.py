@@ -99,19 +99,10 @@ def run_validation(folder: Path, latency_provider: str = "measured",
     cluster = sim.load_cluster(cluster_file(folder))
     settings = run_settings(meta)
     check_parallelism(meta, cluster, cluster_file(folder))
-    util = settings.pop("gpu_memory_utilization", None)
-    if util:
-        # vLLM's own setting, not a value calibrated in cluster.json: the KV capacity
-        # follows from it as vLLM derives it (sim/memory.py).
-        cluster = cluster.with_mem_util(util)
-    override = settings.pop("num_gpu_blocks_override", None)
-    reserved = settings.pop("kv_cache_memory_bytes", None)
     if kv_blocks_from_run and kv.get("num_gpu_blocks"):
         # (a run that logged no count is replayed with the derived one)
         kv_blocks = int(kv["num_gpu_blocks"])
-    if kv_blocks or override or reserved:
-        cluster = cluster.map_instances(lambda i: replace(
-            i, num_gpu_blocks_override=kv_blocks or override, kv_cache_memory_bytes=reserved))
+    cluster = apply_cluster_settings(cluster, settings, kv_blocks)
     if async_scheduling is not None:
         settings["async_scheduling"] = async_scheduling
     opts = sim.SimOptions(latency_provider=latency_provider,
@@ -216,6 +207,23 @@ def run_settings(meta: dict) -> dict:
         raise InputError(f"an engine setting the simulator cannot take: {exc}",
                          source=source) from None
     return settings
+
+
+def apply_cluster_settings(cluster, settings: dict, kv_blocks: int | None = None):
+    """``cluster`` with the run's CLUSTER_SETTINGS (taken out of ``settings``) on every
+    instance: vLLM's own gpu_memory_utilization (not a value calibrated in the cluster
+    file: the KV capacity follows from it as vLLM derives it, sim/memory.py), its blocks
+    override (``kv_blocks`` in its place where given) and kv_cache_memory_bytes."""
+    util = settings.pop("gpu_memory_utilization", None)
+    run_override = settings.pop("num_gpu_blocks_override", None)
+    override = kv_blocks or run_override
+    reserved = settings.pop("kv_cache_memory_bytes", None)
+    if util:
+        cluster = cluster.with_mem_util(util)
+    if override or reserved:
+        cluster = cluster.map_instances(lambda i: replace(
+            i, num_gpu_blocks_override=override, kv_cache_memory_bytes=reserved))
+    return cluster
 
 
 def check_parallelism(meta: dict, cluster, path: Path) -> None:

@@ -110,8 +110,9 @@ def _check_metrics(data: dict, source: str) -> None:
             raise InputError(f"field {k!r} must be a number, got {v!r}", source=source)
         if isinstance(v, int) and abs(v) > 2**53:
             raise InputError(f"field {k!r} is out of range: {v}", source=source)
-        if isinstance(v, float) and not math.isnan(v) and not 0 <= v <= MAX_NUMBER \
-                or isinstance(v, int) and v < 0:
+        out_of_range = (not math.isnan(v) and not 0 <= v <= MAX_NUMBER
+                        if isinstance(v, float) else isinstance(v, int) and v < 0)
+        if out_of_range:
             raise InputError(f"field {k!r} must be a finite number >= 0 (and <= 1e15), "
                              f"got {v!r}", source=source)
 

@@ -314,7 +314,8 @@ def pp_stage_layers(num_layers: int, pp: int) -> list[int]:
 
 
 def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
-                  max_num_batched_tokens: int, max_num_seqs: int, dp: int = 1) -> MemoryBudget:
+                  max_num_batched_tokens: int, max_num_seqs: int, dp: int = 1,
+                  device: DeviceTraits | None = None) -> MemoryBudget:
     """vLLM's memory accounting for ``inst``: each pipeline stage's worker profiles its
     own memory (its layers' weights, the embedding on the first stage, the lm_head and
     the dummy sampler run on the last) and sizes its cache for its own layers; the engine
@@ -324,14 +325,15 @@ def memory_budget(inst: InstanceConfig, model: ModelSpec, block_size: int,
     ``dp`` is the size of the instance's DP group. An MoE model's experts in a DP group
     without expert parallelism are sharded over all dp x tp ranks (vLLM's
     flatten_tp_across_dp), which holds the same bytes per rank as dp x tp expert-parallel
-    ranks, and the profile run's MoE layers see the tokens of the whole group either way."""
+    ranks, and the profile run's MoE layers see the tokens of the whole group either way.
+    ``device``: the traits to account with (default: the catalogue's for inst.hardware)."""
     total = device_total_bytes(inst)
     util = inst.npu_mem.mem_util
     requested = request_memory(total, util)
     tp, pp, ep = inst.tp_size, inst.pp_size, inst.ep_size
     if model.is_moe and ep == 1 and dp > 1:
         ep = dp * tp
-    device = device_traits(inst.hardware)
+    device = device or device_traits(inst.hardware)
     other = non_torch_bytes(inst, dp, device)
     rotary = model.max_position_embeddings * model.head_dim * model.dtype_bytes
     kv_per_layer = model.kv_bytes_per_token(tp, 1) // model.num_hidden_layers * block_size

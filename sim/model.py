@@ -9,7 +9,7 @@ latency providers walk.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -379,12 +379,8 @@ def _spec_blocks(d: dict, source: str) -> tuple[int, int] | None:
     return int(v[0]), int(v[1])
 
 
-#: every field a model spec may give (a misspelt optional one was ignored)
-_SPEC_FIELDS = ("name", "aliases", "architecture", "dtype", "quantization", "kv_cache_dtype",
-                "weight_block_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                "max_position_embeddings", "tie_word_embeddings")
+#: every field a model spec may give: ModelSpec's (a misspelt optional one was ignored)
+_SPEC_FIELDS = tuple(f.name for f in fields(ModelSpec))
 
 
 def _from_mapping(d: dict, source: str) -> ModelSpec:
