@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from astrasim import GraphBuilder  # noqa: E402
 
 import sim  # noqa: E402
-from sim.backend import (AllReduceCurve, AstraInprocBackend,  # noqa: E402
+from sim.backend import (AstraInprocBackend, MeasuredCurve,  # noqa: E402
                          custom_all_reduce_below, measured_all_reduce)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
@@ -83,8 +83,8 @@ def graph_points(table, tp: int, kind: str = "vLLM_custom_graph"):
 
 def vllm_us(table, tp: int, nbytes: int, kind: str = "vLLM_custom_graph") -> float:
     """vLLM's measured time at ``nbytes``, interpolated as the simulator reads its curves
-    (sim.backend.AllReduceCurve)."""
-    return AllReduceCurve(kind, graph_points(table, tp, kind)).ns(nbytes) / 1e3
+    (sim.backend.MeasuredCurve)."""
+    return MeasuredCurve(kind, graph_points(table, tp, kind)).ns(nbytes) / 1e3
 
 
 def _instance(hardware: str, tp: int):

@@ -115,9 +115,10 @@ def custom_all_reduce_below(inst) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class AllReduceCurve:
-    """vLLM's TP all-reduce time against its size, measured (``points``: (bytes, us),
-    bytes increasing); ``name`` identifies it (card, TP degree) in cache keys."""
+class MeasuredCurve:
+    """A collective's measured time against its size (``points``: (bytes, us), bytes
+    increasing): vLLM's TP all-reduce, NCCL's all-gather or reduce-scatter; ``name``
+    identifies it (card, collective, GPUs) in cache keys."""
 
     name: str
     points: tuple[tuple[int, float], ...]
@@ -137,7 +138,7 @@ class AllReduceCurve:
         return int((t1 + (size_bytes - b1) * (t1 - t0) / (b1 - b0)) * 1e3)
 
 
-def measured_all_reduce(inst) -> AllReduceCurve | None:
+def measured_all_reduce(inst) -> MeasuredCurve | None:
     """vLLM's measured all-reduce for ``inst`` (the catalogue's ``vllm_all_reduce_us`` at its
     TP degree, inside a CUDA graph: the device's time; an eager step's host launch cost is
     hidden behind the queued kernels of a busy step), where the TP group is on the
@@ -160,7 +161,37 @@ def measured_all_reduce(inst) -> AllReduceCurve | None:
         return None
     # (the measurement's noise aside, a larger all-reduce never takes less time)
     rising = tuple(zip((b for b, _ in points), accumulate((t for _, t in points), max)))
-    return AllReduceCurve(f"{hw.name}/tp{inst.tp}", rising)
+    return MeasuredCurve(f"{hw.name}/tp{inst.tp}", rising)
+
+
+def measured_collectives(hardware: str, network, ranks: int) -> dict[str, MeasuredCurve]:
+    """NCCL's measured collectives among ``ranks`` cards of ``hardware`` ({op: curve} for
+    the catalogue's ``nccl_us`` ops at that GPU count), where ``network`` (a group's
+    sim.topology.Topology) is one dimension of ``ranks`` NPUs on the catalogue's intra-node
+    link: the group sits in one node and no cluster file gave the link (a file's link is
+    LLMServingSim's input to ASTRA-Sim, and the collectives run on it). Empty otherwise,
+    or where the card has no curve at that count."""
+    from sim.hardware import load_hardware
+    from sim.topology import physical_intra_node_link
+
+    try:
+        hw = load_hardware(hardware)
+    except InputError:
+        return {}
+    dims = network.dims
+    if len(dims) != 1 or dims[0].npus != ranks or dims[0].link != physical_intra_node_link(hw):
+        return {}
+    out = {}
+    for op, by_ranks in hw.nccl_us.items():
+        points = by_ranks.get(ranks)
+        if points is not None:
+            # a larger collective never takes less time: each size takes at most what any
+            # larger one measured (the lower envelope drops a noisy spike instead of
+            # carrying it on to the larger sizes)
+            envelope = list(accumulate((t for _, t in reversed(points)), min))[::-1]
+            out[op] = MeasuredCurve(f"{hw.name}/{op}/{ranks}",
+                                    tuple(zip((b for b, _ in points), envelope)))
+    return out
 
 
 #: entries a backend's reuse cache holds before it starts over (a few MB)
@@ -170,7 +201,7 @@ REUSE_CACHE_MAX = 1 << 17
 def decomposed_iteration_ns(run_many, inst, lt: LayerTimes, act: int, load_bytes: int,
                             cache: dict | None = None, logits_bytes: int = 0,
                             one_shot_below: int = 0,
-                            all_reduce_curve: AllReduceCurve | None = None) -> int:
+                            all_reduce_curve: MeasuredCurve | None = None) -> int:
     """An iteration from a few small graphs instead of the whole one (layer-block reuse),
     with their results reused across iterations (computation reuse).
 

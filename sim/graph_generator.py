@@ -76,7 +76,7 @@ def _head_split(head: tuple[tuple[str, int], ...]) -> tuple[int, int]:
 def tp_all_reduce(b: GraphBuilder, size_bytes: int, involved, one_shot_below: int = 0,
                   name: str = "", all_reduce_curve=None) -> int:
     """A TP all-reduce of ``size_bytes`` (see the module docstring): vLLM's measured time
-    (``all_reduce_curve``, a :class:`sim.backend.AllReduceCurve`); else below
+    (``all_reduce_curve``, a :class:`sim.backend.MeasuredCurve`); else below
     ``one_shot_below`` bytes an all-gather of the buffer on the link; else a ring."""
     if all_reduce_curve is not None:
         return b.comp(all_reduce_curve.ns(size_bytes), name=name or "vllm_all_reduce")

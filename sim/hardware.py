@@ -89,6 +89,12 @@ class HardwareSpec:
     #: inside a CUDA graph: {tp: ((bytes, us), ...)}, bytes increasing
     #: (sim.backend.measured_all_reduce). Empty: not measured.
     vllm_all_reduce_us: dict = field(default_factory=dict)
+    #: NCCL's own collectives between these cards on one node (nccl-tests style, bf16, as
+    #: aiconfigurator-core ships them): {"all_gather" | "reduce_scatter": {ranks:
+    #: ((bytes of the whole gathered / scattered buffer, us), ...)}}, bytes increasing;
+    #: what an MoE layer's DP exchange (pynccl all_gather / reduce_scatter) takes on the
+    #: catalogue's link (sim.backend.measured_collectives). Empty: not measured.
+    nccl_us: dict = field(default_factory=dict)
     #: the "non-torch forward increase memory" vLLM 0.19 logs for a single-GPU worker on
     #: this device, GiB: driver-side memory the profile run leaves (kernel images, the
     #: local-memory reservation for every resident thread), a property of the device and
@@ -191,27 +197,48 @@ def _check_fields(d: dict, source: str) -> None:
                          "measured_link_latency_ns describe one measured link)", source=source)
 
 
-def _all_reduce_curves(v: object, source: str) -> dict:
-    """``vllm_all_reduce_us`` checked: {tp >= 2: [[bytes, us], ...]}, at least two points a
-    curve, bytes increasing, every value a positive number."""
-    if v is None:
-        return {}
+def _degree_curves(v: object, field_name: str, source: str) -> dict:
+    """{degree >= 2: [[bytes, us], ...]} checked: at least two points a curve, bytes
+    increasing, every value a positive number; ``field_name`` names it in errors."""
     if not isinstance(v, dict) or not v:
-        raise InputError("field 'vllm_all_reduce_us' must map TP degrees to [[bytes, us], "
+        raise InputError(f"field {field_name!r} must map degrees (GPUs) to [[bytes, us], "
                          f"...], got {v!r}", source=source)
     out = {}
-    for tp, points in v.items():
-        ok = (isinstance(tp, int) and not isinstance(tp, bool) and tp >= 2
+    for n, points in v.items():
+        ok = (isinstance(n, int) and not isinstance(n, bool) and n >= 2
               and isinstance(points, list) and len(points) >= 2
               and all(isinstance(p, list) and len(p) == 2
                       and not any(_bad_number(x, positive=True) for x in p) for p in points)
               and all(a[0] < b[0] for a, b in zip(points, points[1:])))
         if not ok:
-            raise InputError(f"field 'vllm_all_reduce_us' at {tp!r}: must be a TP degree >= 2 "
-                             "mapped to two or more [bytes, us] pairs of positive numbers, "
-                             "bytes increasing", source=source)
-        out[tp] = tuple((int(b), float(us)) for b, us in points)
+            raise InputError(f"field {field_name!r} at {n!r}: must be a degree >= 2 mapped "
+                             "to two or more [bytes, us] pairs of positive numbers, bytes "
+                             "increasing", source=source)
+        out[n] = tuple((int(b), float(us)) for b, us in points)
     return out
+
+
+def _all_reduce_curves(v: object, source: str) -> dict:
+    """``vllm_all_reduce_us``: {tp >= 2: [[bytes, us], ...]} (see _degree_curves)."""
+    return {} if v is None else _degree_curves(v, "vllm_all_reduce_us", source)
+
+
+#: the NCCL collectives the catalogue's ``nccl_us`` may give
+NCCL_OPS = ("all_gather", "reduce_scatter")
+
+
+def _nccl_curves(v: object, source: str) -> dict:
+    """``nccl_us``: {op: {ranks >= 2: [[bytes, us], ...]}} for the ops in NCCL_OPS."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not v:
+        raise InputError(f"field 'nccl_us' must map {' / '.join(NCCL_OPS)} to their curves "
+                         f"by GPU count, got {v!r}", source=source)
+    unknown = [k for k in v if k not in NCCL_OPS]
+    if unknown:
+        raise InputError(f"field 'nccl_us': unknown collective {unknown[0]!r}; allowed: "
+                         f"{', '.join(NCCL_OPS)}", source=source)
+    return {op: _degree_curves(curves, f"nccl_us.{op}", source) for op, curves in v.items()}
 
 
 def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
@@ -235,7 +262,7 @@ def _check_tflops(d: dict, key: str, source: str, *, required: bool) -> None:
 _FIELDS = frozenset((*REQUIRED_FIELDS, *_POSITIVE, *_NON_NEGATIVE, "aliases", "kind",
                      "vendor", "compute_capability", "num_sms", "mem_reported_bytes",
                      "measured_gemm_tflops", "gemm_overlap_p", "link_type", "link_topology",
-                     "peer_access", "vllm_all_reduce_us", "scale_out_type",
+                     "peer_access", "vllm_all_reduce_us", "nccl_us", "scale_out_type",
                      "devices_per_node", "pim_config"))
 #: the descriptive text fields
 _TEXT = ("kind", "vendor", "link_type", "scale_out_type")
@@ -331,6 +358,7 @@ def _from_mapping(d: object, source: str) -> HardwareSpec:
                               for k, v in (d.get("measured_gemm_tflops") or {}).items()},
         **measured,
         vllm_all_reduce_us=_all_reduce_curves(d.get("vllm_all_reduce_us"), source),
+        nccl_us=_nccl_curves(d.get("nccl_us"), source),
         vllm_non_torch_GiB=(None if d.get("vllm_non_torch_GiB") is None
                             else float(d["vllm_non_torch_GiB"])),
         source=source,

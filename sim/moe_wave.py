@@ -49,7 +49,11 @@ The collectives are timed by the system backend on the group's network as sim.to
 describes it (the link between the members: the cluster file's GPU-to-GPU values as
 LLMServingSim gives them to ASTRA-Sim, else the catalogue's physical link; the cluster's
 collective algorithm; one rank per member, or per TP rank in sequence-parallel MoE),
-memoised by size, as decode steps repeat them.
+memoised by size, as decode steps repeat them. On the catalogue's link inside one node,
+allgather_reducescatter's all-gather and reduce-scatter take what NCCL itself measured
+between those cards (the hardware catalogue's ``nccl_us``, sim.backend.measured_collectives):
+NCCL's 5-10 us a call dominate a decode wave's exchange on NVLink, where the link model's
+hops are a fraction of a microsecond (experiments/moe_exchange_vs_nccl.py).
 """
 
 from __future__ import annotations
@@ -176,6 +180,9 @@ class MoEWave:
         self._exchange: dict[tuple, int] = {}
         #: (member instance ids, npus) -> Topology: a group's network is fixed for a run
         self._networks: dict[tuple, object] = {}
+        #: the same key -> NCCL's measured (all-gather, reduce-scatter) for the group, or
+        #: None where its network is not the catalogue's link or the card has no curves
+        self._measured: dict[tuple, tuple | None] = {}
         self._tp_swap: dict[tuple, int] = {}
         self._flat: dict[tuple, object] = {}
         #: when a list, every wave's WaveStep is appended (for breakdown reports)
@@ -308,10 +315,14 @@ class MoEWave:
         network = self._networks.get(group)
         if network is None:
             network = self._networks[group] = self.network([m.config for m in members], n)
+            self._measured[group] = _exchange_curves(lead.config.hardware, network, n)
+        curves = None
         if kind == "allgather_reducescatter":
             # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
-            # (sizes are the whole gathered buffer; unequal shares cost the largest one)
-            key = (kind, n, max(tokens), hidden, logits, network)
+            # (sizes are the whole gathered buffer; unequal shares cost the largest one),
+            # at NCCL's measured time on the catalogue's link where the card has it
+            curves = self._measured[group]
+            key = (kind, n, max(tokens), hidden, logits, network, curves)
         elif kind == "naive":
             key = (kind, n, tuple(tokens), hidden, logits, network)
         else:
@@ -320,7 +331,7 @@ class MoEWave:
             key = (kind, n, max(tokens), int(hidden * frac), 0, network)
         t = self._exchange.get(key)
         if t is None:
-            graphs = exchange_graphs(kind, n, tokens, hidden, logits, key[3])
+            graphs = exchange_graphs(kind, n, tokens, hidden, logits, key[3], curves)
             t = self._exchange[key] = self.backend.run_graphs(network, graphs,
                                                               name="moe_exchange")
         return t
@@ -348,12 +359,36 @@ def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
     return out
 
 
+def _exchange_curves(hardware: str, network, ranks: int) -> tuple | None:
+    """NCCL's measured (all-gather, reduce-scatter) among ``ranks`` cards of ``hardware`` on
+    ``network`` (sim.backend.measured_collectives), or None without both."""
+    from sim.backend import measured_collectives
+
+    curves = measured_collectives(hardware, network, ranks)
+    if "all_gather" in curves and "reduce_scatter" in curves:
+        return curves["all_gather"], curves["reduce_scatter"]
+    return None
+
+
 def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,
-                    a2a_row: int) -> dict:
+                    a2a_row: int, curves: tuple | None = None) -> dict:
     """Per-rank graphs of one MoE layer's dispatch and combine (sizes in bytes; ``hidden``
     and ``logits`` are one token's hidden state and router logits, ``a2a_row`` one token's
-    hidden state times the chance it goes to a given rank)."""
+    hidden state times the chance it goes to a given rank). ``curves``: NCCL's measured
+    (all-gather, reduce-scatter) for allgather_reducescatter, each read at the whole
+    buffer's bytes as nccl-tests sizes it; None: the collectives run on the network."""
     graphs = {}
+    if kind == "allgather_reducescatter" and curves is not None:
+        gathered = dp * max(tokens)
+        all_gather, reduce_scatter = curves
+        for r in range(dp):
+            b = GraphBuilder(r)
+            d = b.comp(all_gather.ns(gathered * (hidden + logits)),
+                       name="moe_dispatch_all_gather")
+            b.comp(reduce_scatter.ns(gathered * hidden), deps=[d],
+                   name="moe_combine_reduce_scatter")
+            graphs[r] = b.build()
+        return graphs
     if kind == "allgather_reducescatter":
         # ASTRA-Sim reads an all-gather's size as each NPU's contribution (the padded
         # largest share) and a reduce-scatter's as the whole input buffer

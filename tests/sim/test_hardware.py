@@ -126,6 +126,32 @@ def test_bad_all_reduce_curve_names_the_field(tmp_path, monkeypatch, bad):
     assert "vllm_all_reduce_us" in _load_with(tmp_path, monkeypatch, "vllm_all_reduce_us", bad)
 
 
+@pytest.mark.parametrize("bad", [
+    [[512, 5.3]],                                              # not a mapping by collective
+    {"all_to_all": {2: [[512, 5.3], [1024, 5.4]]}},            # a collective not allowed
+    {"all_gather": [[512, 5.3], [1024, 5.4]]},                 # not a mapping by GPU count
+    {"all_gather": {1: [[512, 5.3], [1024, 5.4]]}},            # fewer than 2 GPUs
+    {"all_gather": {2: [[1024, 5.3], [512, 5.4]]}},            # sizes not increasing
+    {"reduce_scatter": {2: [[512, 0], [1024, 5.4]]}},          # a time not positive
+])
+def test_bad_nccl_curve_names_the_field(tmp_path, monkeypatch, bad):
+    assert "nccl_us" in _load_with(tmp_path, monkeypatch, "nccl_us", bad)
+
+
+def test_nccl_curves_are_aiconfigurators_measured_ones():
+    """The catalogue's ``nccl_us`` is aiconfigurator's NCCL all-gather / reduce-scatter as
+    ``moe_exchange_vs_nccl.py --catalogue`` prints it: every card the experiment covers,
+    every GPU count it does not leave out, every point."""
+    pytest.importorskip("aiconfigurator_core", reason="needs the aic extra")
+    from experiments.moe_exchange_vs_nccl import HARDWARE, LEFT_OUT, OPS, curve_points, nccl_table
+
+    for name in HARDWARE:
+        _, table = nccl_table(name)
+        measured = {op: {n: curve_points(table, op, n) for o, n in table
+                         if o == op and n not in LEFT_OUT.get(name, ())} for op in OPS}
+        assert load_hardware(name).nccl_us == measured, name
+
+
 def test_all_reduce_curves_are_vllms_measured_ones():
     """The catalogue's ``vllm_all_reduce_us`` is aiconfigurator's measured vLLM 0.19
     all-reduce in a CUDA graph, as ``tp_allreduce_vs_vllm.py --catalogue`` prints it: every

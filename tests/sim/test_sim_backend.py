@@ -461,9 +461,9 @@ def test_tp_all_reduce_takes_vllms_measured_time_on_catalogue_links(hardware, tp
 
 
 def test_all_reduce_curve_interpolates_log_log_and_extends_at_its_last_bandwidth():
-    from sim.backend import AllReduceCurve
+    from sim.backend import MeasuredCurve
 
-    c = AllReduceCurve("t", ((1000, 2.0), (4000, 8.0), (8000, 10.0)))
+    c = MeasuredCurve("t", ((1000, 2.0), (4000, 8.0), (8000, 10.0)))
     assert c.ns(10) == 2000                      # below the first size: its time
     assert c.ns(2000) == 4000                    # 2 x 2^(log 2 / log 4 x log 4) us
     assert c.ns(4000) == 8000

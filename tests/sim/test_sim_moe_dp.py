@@ -166,23 +166,95 @@ def test_exchange_runs_on_the_clusters_network_as_the_file_gives_it():
     s.close()
 
 
-def test_catalogue_exchange_crosses_the_switch_in_decimal_gbps():
-    # no link fields: H100's NVLink from the catalogue, 450 GB/s decimal per direction
-    # through NVSwitch, two hops of 300 ns per message; the reduce-scatter's reduction at
-    # the NPU's 3350 GB/s (one write, two reads), an endpoint delay per bundle (four)
-    c = _cluster()
-    raw = {k: v for k, v in c.raw.items() if k not in ("link_bw", "link_latency")}
-    s, gate = _wave(sim.parse_cluster(raw))
+def _without_link(cluster):
+    """The same cluster from a file that leaves link_bw / link_latency out (the catalogue's
+    link applies)."""
+    return sim.parse_cluster({k: v for k, v in cluster.raw.items()
+                              if k not in ("link_bw", "link_latency")})
+
+
+def test_catalogue_exchange_takes_nccls_measured_collectives():
+    # No link fields: the DP group sits on the catalogue's NVLink, and vLLM's pynccl
+    # all_gather / reduce_scatter take what NCCL measured between two H100s (the
+    # catalogue's nccl_us, read at the whole buffer's bytes as nccl-tests sizes it). The
+    # link model alone gave 0.1-0.4 of it here: 0.3 us hops against NCCL's 5-10 us a call.
+    from sim.hardware import load_hardware
+
+    s, gate = _wave(_without_link(_cluster()))
     model = s.instances[0].model
-    tokens = 2048
-    t = s.moe_wave._exchange_ns(s.instances, [tokens, tokens])
     row = model.hidden_size * model.dtype_bytes
     logits = model.num_experts * model.dtype_bytes
-    wire_ns = (tokens * (row + logits) + tokens * row) / 450.0
-    reduce_ns = 3 * tokens * row / 3350.0
-    assert t == pytest.approx(wire_ns + 2 * 2 * 300 + reduce_ns + 4 * 10, abs=2)
+    curves = load_hardware("H100-SXM").nccl_us
+    for tokens in (1, 128, 2048):
+        t = s.moe_wave._exchange_ns(s.instances, [tokens, tokens])
+        ag = _read_curve(curves["all_gather"][2], 2 * tokens * (row + logits))
+        rs = _read_curve(curves["reduce_scatter"][2], 2 * tokens * row)
+        assert t == pytest.approx((ag + rs) * 1e3, abs=2), tokens
+    # a 128-token decode wave: about 22 us a layer, where the link model said 4
+    assert 20_000 < s.moe_wave._exchange_ns(s.instances, [128, 128]) < 25_000
+    s.close()
+
+
+def _read_curve(points, nbytes):
+    """A (bytes, us) curve read on log-log axes between its points (non-decreasing)."""
+    import math
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if b0 <= nbytes <= b1:
+            f = math.log(nbytes / b0) / math.log(b1 / b0)
+            return t0 * (t1 / t0) ** f
+    raise AssertionError(f"{nbytes} outside the curve")
+
+
+def test_exchange_without_measured_curves_runs_on_the_link():
+    # The L40S's 4-GPU NCCL curves are not catalogued (the measured node's bus bandwidth
+    # was below a host-memory bounce): its DP4 exchange runs on the catalogue's PCIe link
+    # through the switch, as a cluster file's link does; at 2 GPUs it takes NCCL's times.
+    cluster = sim.parse_cluster({"num_nodes": 1, "nodes": [{"num_instances": 4, "instances": [
+        {"model_name": MOE, "hardware": "L40S", "num_npus": 1, "tp_size": 1, "ep_size": 4,
+         "dp_group": "A"} for _ in range(4)]}]})
+    s, gate = _wave(cluster)
+    model = s.instances[0].model
+    row = model.hidden_size * model.dtype_bytes
+    logits = model.num_experts * model.dtype_bytes
+    t = s.moe_wave._exchange_ns(s.instances, [2048] * 4)
+    net = group_topology(s.cluster, [i.config for i in s.instances], 4)
+    graphs = {}
+    for r in range(4):
+        b = GraphBuilder(r)
+        d = b.all_gather(2048 * (row + logits), involved_dim=[True])
+        b.reduce_scatter(4 * 2048 * row, involved_dim=[True], deps=[d])
+        graphs[r] = b.build()
+    assert t == s.backend.run_graphs(net, graphs, name="moe_exchange")
+    s.close()
+    two = sim.parse_cluster({**cluster.raw, "nodes": [{"num_instances": 2, "instances":
+                                                       cluster.raw["nodes"][0]["instances"][:2]}]})
+    two = sim.parse_cluster(json.loads(json.dumps(two.raw).replace('"ep_size": 4', '"ep_size": 2')))
+    s, gate = _wave(two)
+    from sim.hardware import load_hardware
+    curves = load_hardware("L40S").nccl_us
+    ag = _read_curve(curves["all_gather"][2], 2 * 512 * (row + logits))
+    rs = _read_curve(curves["reduce_scatter"][2], 2 * 512 * row)
+    assert s.moe_wave._exchange_ns(s.instances, [512, 512]) == pytest.approx((ag + rs) * 1e3,
+                                                                              abs=2)
+    s.close()
+
+
+def test_exchange_across_nodes_runs_on_the_scale_out_link():
+    # NCCL's curves were measured inside one node: a DP group spread over two nodes
+    # exchanges over the catalogue's scale-out link, not at the intra-node times.
+    member = {"model_name": MOE, "hardware": "H100-SXM", "num_npus": 1, "tp_size": 1,
+              "ep_size": 2, "dp_group": "A"}
+    cluster = sim.parse_cluster({"num_nodes": 2, "nodes": [
+        {"num_instances": 1, "instances": [dict(member)]},
+        {"num_instances": 1, "instances": [dict(member)]}]})
+    s, gate = _wave(cluster)
     net = group_topology(s.cluster, [i.config for i in s.instances], 2)
-    assert net.dims[0].link.topology == "Switch" and net.dims[0].link.bw_GBps == 450
+    from sim.backend import measured_collectives
+    assert measured_collectives("H100-SXM", net, 2) == {}
+    one_node = _without_link(_cluster())
+    on_one_node = group_topology(one_node, one_node.instances, 2)
+    assert set(measured_collectives("H100-SXM", on_one_node, 2)) == {"all_gather",
+                                                                       "reduce_scatter"}
     s.close()
 
 
