@@ -185,12 +185,9 @@ def measured_collectives(hardware: str, network, ranks: int) -> dict[str, Measur
     for op, by_ranks in hw.nccl_us.items():
         points = by_ranks.get(ranks)
         if points is not None:
-            # a larger collective never takes less time: each size takes at most what any
-            # larger one measured (the lower envelope drops a noisy spike instead of
-            # carrying it on to the larger sizes)
-            envelope = list(accumulate((t for _, t in reversed(points)), min))[::-1]
-            out[op] = MeasuredCurve(f"{hw.name}/{op}/{ranks}",
-                                    tuple(zip((b for b, _ in points), envelope)))
+            # as measured: NCCL switches protocol and algorithm by size, so its time may
+            # dip where a larger message takes a faster path
+            out[op] = MeasuredCurve(f"{hw.name}/{op}/{ranks}", points)
     return out
 
 

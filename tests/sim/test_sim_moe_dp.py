@@ -196,7 +196,7 @@ def test_catalogue_exchange_takes_nccls_measured_collectives():
 
 
 def _read_curve(points, nbytes):
-    """A (bytes, us) curve read on log-log axes between its points (non-decreasing)."""
+    """A (bytes, us) curve read on log-log axes between its points."""
     import math
     for (b0, t0), (b1, t1) in zip(points, points[1:]):
         if b0 <= nbytes <= b1:
