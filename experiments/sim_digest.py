@@ -90,7 +90,8 @@ def _random_workload(rng: random.Random, n: int, max_in: int, max_out: int,
     return sim.Workload(reqs, source="<digest>")
 
 
-def _h100_cluster(instances: list[dict], power: bool = False) -> sim.ClusterConfig:
+def _h100_cluster(instances: list[dict], power: bool = False,
+                  file_link: bool = True) -> sim.ClusterConfig:
     base = {"model_name": "meta-llama/Llama-3.1-8B", "hardware": "H100-SXM",
             "npu_mem": {"mem_size": 80, "mem_bw": 3350, "mem_latency": 0}, "num_npus": 1,
             "tp_size": 1}
@@ -106,8 +107,8 @@ def _h100_cluster(instances: list[dict], power: bool = False) -> sim.ClusterConf
                          "link": {"num_links": 1, "idle_power": 5, "energy_per_bit": 4.0},
                          "nic": {"num_nics": 1, "idle_power": 20},
                          "storage": {"num_devices": 2, "idle_power": 5}}
-    return sim.parse_cluster({"num_nodes": 1, "link_bw": 64, "link_latency": 1000,
-                              "nodes": [node]})
+    link = {"link_bw": 64, "link_latency": 1000} if file_link else {}
+    return sim.parse_cluster({"num_nodes": 1, **link, "nodes": [node]})
 
 
 def scenarios(quick: bool = False):
@@ -189,6 +190,17 @@ def scenarios(quick: bool = False):
                                 sim.SimOptions(latency_provider="roofline", async_scheduling=a,
                                                enable_prefix_caching=True,
                                                timeseries_interval_ns=100_000_000))))
+    # DP/EP exchanges on the catalogue's link: measured NCCL / vLLM collectives
+    moe_group = [{"model_name": "Qwen/Qwen3-30B-A3B-Instruct-2507", "ep_size": 2,
+                  "dp_group": "A"}] * 2
+    for backend in ("allgather_reducescatter", "naive"):
+        for async_ in (True, False):
+            out.append((f"sys_moe_catalogue_link_{backend}_async{int(async_)}",
+                        lambda b=backend, a=async_: (
+                            _h100_cluster(moe_group, file_link=False),
+                            _random_workload(random.Random(3), 40, 1500, 300, True),
+                            sim.SimOptions(latency_provider="roofline", async_scheduling=a,
+                                           all2all_backend=b, enable_prefix_caching=True))))
     if not quick:
         for async_ in (True, False):
             out.append((f"moe_validation_async{int(async_)}", lambda a=async_: _moe_case(a)))

@@ -159,18 +159,28 @@ def measured_all_reduce(inst) -> MeasuredCurve | None:
     dim = inst.network.dims[0]
     if points is None or dim.npus < inst.tp or dim.link != physical_intra_node_link(hw):
         return None
-    # (the measurement's noise aside, a larger all-reduce never takes less time)
-    rising = tuple(zip((b for b, _ in points), accumulate((t for _, t in points), max)))
-    return MeasuredCurve(f"{hw.name}/tp{inst.tp}", rising)
+    return MeasuredCurve(f"{hw.name}/tp{inst.tp}", _rising(points))
+
+
+def _rising(points) -> tuple[tuple[int, float], ...]:
+    """vLLM's measured all-reduce held non-decreasing: the measurement's noise aside, a
+    larger all-reduce never takes less time."""
+    return tuple(zip((b for b, _ in points), accumulate((t for _, t in points), max)))
 
 
 def measured_collectives(hardware: str, network, ranks: int) -> dict[str, MeasuredCurve]:
-    """NCCL's measured collectives among ``ranks`` cards of ``hardware`` ({op: curve} for
-    the catalogue's ``nccl_us`` ops at that GPU count), where ``network`` (a group's
-    sim.topology.Topology) is one dimension of ``ranks`` NPUs on the catalogue's intra-node
-    link: the group sits in one node and no cluster file gave the link (a file's link is
-    LLMServingSim's input to ASTRA-Sim, and the collectives run on it). Empty otherwise,
-    or where the card has no curve at that count."""
+    """The measured collectives among ``ranks`` cards of ``hardware``, where ``network`` (a
+    group's sim.topology.Topology) is one dimension of ``ranks`` NPUs on the catalogue's
+    intra-node link: the group sits in one node and no cluster file gave the link (a
+    file's link is LLMServingSim's input to ASTRA-Sim, and the collectives run on it).
+    Keys: the catalogue's ``nccl_us`` ops at that GPU count (NCCL's all_gather and
+    reduce_scatter, read at the whole buffer's bytes), ``vllm_all_reduce`` (vLLM's own
+    all-reduce at that count, ``vllm_all_reduce_us``, held non-decreasing as
+    :func:`measured_all_reduce` holds it) and ``broadcast`` (one rank's buffer to the
+    others: NCCL's 2-GPU all-gather, which sends each rank's half across the link once,
+    read at twice the bytes; with more ranks a ring broadcast pipelines the same bytes
+    through the other hops, a chunk's time each, which this leaves out). Empty otherwise;
+    a key is missing where the card has no curve for it."""
     from sim.hardware import load_hardware
     from sim.topology import physical_intra_node_link
 
@@ -188,6 +198,14 @@ def measured_collectives(hardware: str, network, ranks: int) -> dict[str, Measur
             # as measured: NCCL switches protocol and algorithm by size, so its time may
             # dip where a larger message takes a faster path
             out[op] = MeasuredCurve(f"{hw.name}/{op}/{ranks}", points)
+    pair = hw.nccl_us.get("all_gather", {}).get(2)
+    if pair is not None:
+        out["broadcast"] = MeasuredCurve(f"{hw.name}/broadcast/{ranks}",
+                                         tuple((b // 2, t) for b, t in pair))
+    points = hw.vllm_all_reduce_us.get(ranks)
+    if points is not None:
+        out["vllm_all_reduce"] = MeasuredCurve(f"{hw.name}/vllm_all_reduce/{ranks}",
+                                               _rising(points))
     return out
 
 

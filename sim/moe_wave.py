@@ -49,11 +49,15 @@ The collectives are timed by the system backend on the group's network as sim.to
 describes it (the link between the members: the cluster file's GPU-to-GPU values as
 LLMServingSim gives them to ASTRA-Sim, else the catalogue's physical link; the cluster's
 collective algorithm; one rank per member, or per TP rank in sequence-parallel MoE),
-memoised by size, as decode steps repeat them. On the catalogue's link inside one node,
-allgather_reducescatter's all-gather and reduce-scatter take what NCCL itself measured
-between those cards (the hardware catalogue's ``nccl_us``, sim.backend.measured_collectives):
-NCCL's 5-10 us a call dominate a decode wave's exchange on NVLink, where the link model's
-hops are a fraction of a microsecond (experiments/moe_exchange_vs_nccl.py).
+memoised by size, as decode steps repeat them. On the catalogue's link inside one node the
+calls take what was measured between those cards (sim.backend.measured_collectives):
+allgather_reducescatter's all-gather and reduce-scatter NCCL's own (the hardware
+catalogue's ``nccl_us``), naive's broadcasts NCCL's and its all-reduce vLLM's
+(``vllm_all_reduce_us``). NCCL's 5-10 us a call dominate a decode wave's exchange on
+NVLink, where the link model's hops are a fraction of a microsecond
+(experiments/moe_exchange_vs_nccl.py). DeepEP's kernels still run on the link model there
+(the only measurements of them at hand are SGLang's, FP8 dispatch, 8 GPUs), so on a
+catalogue link they look cheaper than they are.
 """
 
 from __future__ import annotations
@@ -180,9 +184,9 @@ class MoEWave:
         self._exchange: dict[tuple, int] = {}
         #: (member instance ids, npus) -> Topology: a group's network is fixed for a run
         self._networks: dict[tuple, object] = {}
-        #: the same key -> NCCL's measured (all-gather, reduce-scatter) for the group, or
-        #: None where its network is not the catalogue's link or the card has no curves
-        self._measured: dict[tuple, tuple | None] = {}
+        #: the same key -> the group's measured collectives (sim.backend.
+        #: measured_collectives), None where its network is not the catalogue's link
+        self._measured: dict[tuple, dict | None] = {}
         self._tp_swap: dict[tuple, int] = {}
         self._flat: dict[tuple, object] = {}
         #: when a list, every wave's WaveStep is appended (for breakdown reports)
@@ -316,19 +320,20 @@ class MoEWave:
         if network is None:
             network = self._networks[group] = self.network([m.config for m in members], n)
             self._measured[group] = _exchange_curves(lead.config.hardware, network, n)
-        curves = None
+        # the measured collectives of the group (on the catalogue's link), or None
+        curves = self._measured[group]
+        measured = None if curves is None else lead.config.hardware
         if kind == "allgather_reducescatter":
             # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
-            # (sizes are the whole gathered buffer; unequal shares cost the largest one),
-            # at NCCL's measured time on the catalogue's link where the card has it
-            curves = self._measured[group]
-            key = (kind, n, max(tokens), hidden, logits, network, curves)
+            # (sizes are the whole gathered buffer; unequal shares cost the largest one)
+            key = (kind, n, max(tokens), hidden, logits, network, measured)
         elif kind == "naive":
-            key = (kind, n, tuple(tokens), hidden, logits, network)
+            key = (kind, n, tuple(tokens), hidden, logits, network, measured)
         else:
             frac = ranks_hit_fraction(model.num_experts, model.num_experts_per_tok,
                                       lead.config.ep_size)
-            key = (kind, n, max(tokens), int(hidden * frac), 0, network)
+            key = (kind, n, max(tokens), int(hidden * frac), 0, network, None)
+            curves = None
         t = self._exchange.get(key)
         if t is None:
             graphs = exchange_graphs(kind, n, tokens, hidden, logits, key[3], curves)
@@ -359,34 +364,41 @@ def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
     return out
 
 
-def _exchange_curves(hardware: str, network, ranks: int) -> tuple | None:
-    """NCCL's measured (all-gather, reduce-scatter) among ``ranks`` cards of ``hardware`` on
-    ``network`` (sim.backend.measured_collectives), or None without both."""
+def _exchange_curves(hardware: str, network, ranks: int) -> dict | None:
+    """The measured collectives among ``ranks`` cards of ``hardware`` on ``network``
+    (sim.backend.measured_collectives), or None without any."""
     from sim.backend import measured_collectives
 
-    curves = measured_collectives(hardware, network, ranks)
-    if "all_gather" in curves and "reduce_scatter" in curves:
-        return curves["all_gather"], curves["reduce_scatter"]
-    return None
+    return measured_collectives(hardware, network, ranks) or None
 
 
 def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,
-                    a2a_row: int, curves: tuple | None = None) -> dict:
+                    a2a_row: int, curves: dict | None = None) -> dict:
     """Per-rank graphs of one MoE layer's dispatch and combine (sizes in bytes; ``hidden``
     and ``logits`` are one token's hidden state and router logits, ``a2a_row`` one token's
-    hidden state times the chance it goes to a given rank). ``curves``: NCCL's measured
-    (all-gather, reduce-scatter) for allgather_reducescatter, each read at the whole
-    buffer's bytes as nccl-tests sizes it; None: the collectives run on the network."""
+    hidden state times the chance it goes to a given rank). ``curves``: the group's
+    measured collectives (sim.backend.measured_collectives); the backend's collectives
+    that have one take its time, the others run on the network."""
     graphs = {}
-    if kind == "allgather_reducescatter" and curves is not None:
+    curves = curves or {}
+    if kind == "allgather_reducescatter" and {"all_gather", "reduce_scatter"} <= curves.keys():
+        # NCCL's all-gather and reduce-scatter, each read at the whole buffer's bytes
         gathered = dp * max(tokens)
-        all_gather, reduce_scatter = curves
         for r in range(dp):
             b = GraphBuilder(r)
-            d = b.comp(all_gather.ns(gathered * (hidden + logits)),
+            d = b.comp(curves["all_gather"].ns(gathered * (hidden + logits)),
                        name="moe_dispatch_all_gather")
-            b.comp(reduce_scatter.ns(gathered * hidden), deps=[d],
+            b.comp(curves["reduce_scatter"].ns(gathered * hidden), deps=[d],
                    name="moe_combine_reduce_scatter")
+            graphs[r] = b.build()
+        return graphs
+    if kind == "naive" and {"broadcast", "vllm_all_reduce"} <= curves.keys():
+        # one NCCL broadcast per rank in turn, then vLLM's all-reduce of all the tokens
+        t = sum(curves["broadcast"].ns(n * (hidden + logits)) for n in tokens)
+        t += curves["vllm_all_reduce"].ns(sum(tokens) * hidden)
+        for r in range(dp):
+            b = GraphBuilder(r)
+            b.comp(t, name="moe_naive_broadcasts_all_reduce")
             graphs[r] = b.build()
         return graphs
     if kind == "allgather_reducescatter":

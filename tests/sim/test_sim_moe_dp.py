@@ -253,8 +253,34 @@ def test_exchange_across_nodes_runs_on_the_scale_out_link():
     assert measured_collectives("H100-SXM", net, 2) == {}
     one_node = _without_link(_cluster())
     on_one_node = group_topology(one_node, one_node.instances, 2)
-    assert set(measured_collectives("H100-SXM", on_one_node, 2)) == {"all_gather",
-                                                                       "reduce_scatter"}
+    assert {"all_gather", "reduce_scatter"} <= set(measured_collectives("H100-SXM",
+                                                                         on_one_node, 2))
+    s.close()
+
+
+def test_naive_exchange_on_the_catalogue_link_takes_measured_calls():
+    # naive: every DP rank in turn broadcasts its tokens (an NCCL broadcast: one rank's
+    # bytes across the link once, as NCCL's 2-GPU all-gather sends each half), then vLLM's
+    # all-reduce of all the tokens' outputs (the catalogue's vllm_all_reduce_us at the
+    # group's size): four calls of 5-10 us where allgather_reducescatter makes two, so it
+    # is the slower backend here too (the link model alone made it the faster one).
+    from sim.hardware import load_hardware
+
+    c = _without_link(_cluster())
+    s, gate = _wave(c, OPTS.replace(all2all_backend="naive"))
+    model = s.instances[0].model
+    row = model.hidden_size * model.dtype_bytes
+    logits = model.num_experts * model.dtype_bytes
+    hw = load_hardware("H100-SXM")
+    tokens = [128, 40]
+    bcast = sum(_read_curve(hw.nccl_us["all_gather"][2], 2 * t * (row + logits)) for t in tokens)
+    ar = _read_curve(hw.vllm_all_reduce_us[2], sum(tokens) * row)
+    assert s.moe_wave._exchange_ns(s.instances, tokens) == pytest.approx((bcast + ar) * 1e3,
+                                                                         abs=3)
+    naive = s.moe_wave._exchange_ns(s.instances, [128, 128])
+    s.close()
+    s, gate = _wave(c)
+    assert naive > s.moe_wave._exchange_ns(s.instances, [128, 128])
     s.close()
 
 
