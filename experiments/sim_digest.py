@@ -193,7 +193,7 @@ def scenarios(quick: bool = False):
     # DP/EP exchanges on the catalogue's link: measured NCCL / vLLM collectives
     moe_group = [{"model_name": "Qwen/Qwen3-30B-A3B-Instruct-2507", "ep_size": 2,
                   "dp_group": "A"}] * 2
-    for backend in ("allgather_reducescatter", "naive"):
+    for backend in ("allgather_reducescatter", "naive", "deepep_low_latency"):
         for async_ in (True, False):
             out.append((f"sys_moe_catalogue_link_{backend}_async{int(async_)}",
                         lambda b=backend, a=async_: (

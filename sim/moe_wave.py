@@ -55,9 +55,10 @@ allgather_reducescatter's all-gather and reduce-scatter NCCL's own (the hardware
 catalogue's ``nccl_us``), naive's broadcasts NCCL's and its all-reduce vLLM's
 (``vllm_all_reduce_us``). NCCL's 5-10 us a call dominate a decode wave's exchange on
 NVLink, where the link model's hops are a fraction of a microsecond
-(experiments/moe_exchange_vs_nccl.py). DeepEP's kernels still run on the link model there
-(the only measurements of them at hand are SGLang's, FP8 dispatch, 8 GPUs), so on a
-catalogue link they look cheaper than they are.
+(experiments/moe_exchange_vs_nccl.py). DeepEP's dispatch and combine take its kernels'
+measured times where the card and the model's shape were measured (sim.deepep: H100, H200,
+B200; 8-GPU measurements, FP8 dispatch read at the bytes vLLM sends); elsewhere, and on a
+cluster file's link, the link model's all-to-all.
 """
 
 from __future__ import annotations
@@ -330,6 +331,14 @@ class MoEWave:
         elif kind == "naive":
             key = (kind, n, tuple(tokens), hidden, logits, network, measured)
         else:
+            if measured is not None:
+                # DeepEP's kernels as measured on the card for the model's shape
+                key = (kind, n, max(tokens), measured, model.name)
+                t = self._exchange.get(key)
+                if t is None:
+                    t = self._exchange[key] = _deepep_ns(lead, kind, max(tokens))
+                if t >= 0:
+                    return t
             frac = ranks_hit_fraction(model.num_experts, model.num_experts_per_tok,
                                       lead.config.ep_size)
             key = (kind, n, max(tokens), int(hidden * frac), 0, network, None)
@@ -362,6 +371,19 @@ def _member_share(per_ep_rank: list[int], dp: int) -> list[int]:
         if not out[m]:
             out[m] = per_ep_rank[m * ep // dp]
     return out
+
+
+def _deepep_ns(inst, kind: str, tokens: int) -> int:
+    """One layer's DeepEP dispatch + combine on the instance's card for its model's shape
+    (sim.deepep), -1 where that card or shape was not measured. An FP8 model dispatches
+    FP8 activations, any other its own dtype."""
+    from sim.deepep import deepep_exchange_ns
+
+    model = inst.model
+    width = 1 if model.quantization == "fp8" else model.dtype_bytes
+    t = deepep_exchange_ns(inst.config.hardware, kind, model.hidden_size,
+                           model.num_experts_per_tok, model.num_experts, tokens, width)
+    return -1 if t is None else t
 
 
 def _exchange_curves(hardware: str, network, ranks: int) -> dict | None:

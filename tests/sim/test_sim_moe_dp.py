@@ -665,3 +665,52 @@ def test_aic_replay_of_the_real_dp2_ep2_run_models_each_rank_s_own_experts():
     assert res.summary["latency_provider"] == "aic"
     assert res.summary["tpot_ms"]["mean"] == pytest.approx(real_tpot, rel=0.15)
     assert res.summary["latency_ms"]["mean"] == pytest.approx(real_e2e, rel=0.15)
+
+
+def test_deepep_exchange_on_the_catalogue_link_takes_deepeps_measured_kernels():
+    # DeepEP's low-latency kernels as aiconfigurator measured them on 8 H100s for
+    # Qwen3-30B-A3B's shape (hidden 2,048, top-8 of 128): dispatch measured in FP8 (one
+    # fp32 scale per 128 values), read at the token count moving the same bytes as vLLM's
+    # bf16 dispatch; combine in bf16. About 10 us a call at one token where the link model
+    # gave ~1 us, so DeepEP no longer looks several times cheaper than NCCL's collectives.
+    pytest.importorskip("aiconfigurator_core", reason="needs the aic extra")
+    import aiconfigurator_core
+    import pandas as pd
+    from pathlib import Path
+
+    from sim.deepep import _read
+
+    path = next((Path(aiconfigurator_core.__file__).parent / "systems" / "data" / "h100_sxm"
+                 / "comm" / "sglang").glob("0.5.12/wideep_deepep_ll_perf.parquet"))
+    df = pd.read_parquet(path)
+    g = df[(df.hidden_size == 2048) & (df.num_topk == 8) & (df.num_experts == 128)]
+    g = g.sort_values("num_token")
+    axis = tuple(g.num_token)
+    s, gate = _wave(_without_link(_cluster()), OPTS.replace(all2all_backend="deepep_low_latency"))
+    for tokens in (1, 128, 700):
+        as_fp8 = tokens * 2048 * 2 / (2048 + 2048 // 128 * 4)
+        want = (_read(axis, tuple(g.dispatch_avg_t_us), as_fp8)
+                + _read(axis, tuple(g.combine_avg_t_us), tokens))
+        assert s.moe_wave._exchange_ns(s.instances, [tokens, tokens]) == pytest.approx(
+            want * 1e3, abs=2), tokens
+    assert 20_000 < s.moe_wave._exchange_ns(s.instances, [1, 1]) < 25_000
+    s.close()
+
+
+def test_deepep_without_a_measurement_of_the_shape_runs_on_the_link(monkeypatch):
+    # a shape (or card) DeepEP was not measured for, and any cluster file's link, keep the
+    # link model's all-to-all
+    from sim import deepep
+
+    assert deepep.deepep_exchange_ns("H100-SXM", "deepep_low_latency", 3000, 3, 48, 64,
+                                     2) is None
+    monkeypatch.setattr(deepep, "_tables", lambda hardware, kind: None)
+    s, gate = _wave(_without_link(_cluster()), OPTS.replace(all2all_backend="deepep_low_latency"))
+    net = group_topology(s.cluster, [i.config for i in s.instances], 2)
+    model = s.instances[0].model
+    frac = ranks_hit_fraction(model.num_experts, model.num_experts_per_tok, 2)
+    graphs = exchange_graphs("deepep_low_latency", 2, [64, 64], 0, 0,
+                             int(model.hidden_size * model.dtype_bytes * frac))
+    assert s.moe_wave._exchange_ns(s.instances, [64, 64]) == s.backend.run_graphs(
+        net, graphs, name="moe_exchange")
+    s.close()

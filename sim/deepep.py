@@ -1,0 +1,102 @@
+"""DeepEP's dispatch and combine kernels as measured on a card, for an MoE layer's exchange
+with vLLM's ``deepep_low_latency`` / ``deepep_high_throughput`` all2all backends.
+
+aiconfigurator-core (the ``aic`` extra) ships DeepEP's own kernels timed inside one node
+of H100, H200 and B200 GPUs (8 of them; SGLang's harness: ``comm/sglang/<version>/
+wideep_deepep_ll_perf.parquet`` and ``wideep_deepep_normal_perf.parquet``), per MoE shape
+(hidden size, top-k, experts) and tokens a rank: low-latency dispatch / combine, and the
+high-throughput (normal) kernels at each SM budget, of which vLLM's 20 SMs are read. The
+time depends on the shape beyond its bytes (few experts concentrate the traffic on a few
+ranks: Mixtral's 8 experts take several times what 128 do at the same bytes), so only a
+model whose shape was measured takes these times; any other runs on the link model.
+
+Dispatch was measured in FP8 with one fp32 scale per 128 values (what SGLang sends); vLLM
+dispatches an unquantized model's activations in its own dtype, so such a dispatch is read
+at the token count that moves the same bytes in FP8 (about twice as many for bf16). The
+combine returns the expert outputs in bf16 in both. The measurements are of 8-rank groups;
+a smaller EP group inside one node takes them as they are (the kernels' per-call latency
+and per-byte cost, which dominate, are the node's).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import cache
+from pathlib import Path
+
+#: vLLM 0.19's DeepEP high-throughput kernels run on this many SMs (its DeepEP manager)
+VLLM_DEEPEP_HT_SMS = 20
+#: FP8 dispatch: one byte a value and one fp32 scale per 128 values
+FP8_SCALE_GROUP = 128
+FILES = {"deepep_low_latency": "wideep_deepep_ll_perf.parquet",
+         "deepep_high_throughput": "wideep_deepep_normal_perf.parquet"}
+
+
+@cache
+def _tables(hardware: str, kind: str) -> dict | None:
+    """{(hidden, topk, experts): (tokens, dispatch us, combine us)} of ``kind`` on the
+    card, from the newest aiconfigurator SGLang version that measured it; None without
+    the data (aiconfigurator-core absent, or not this card)."""
+    import importlib.util
+    if importlib.util.find_spec("aiconfigurator_core") is None:
+        return None
+    import aiconfigurator_core
+    import pandas as pd
+
+    from sim.hardware import load_hardware
+    from sim.latency.aic import HARDWARE_TO_SYSTEM
+
+    system = HARDWARE_TO_SYSTEM.get(load_hardware(hardware).name)
+    if system is None:
+        return None
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system
+    files = sorted(root.glob(f"comm/sglang/*/{FILES[kind]}"),
+                   key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)])
+    if not files:
+        return None
+    df = pd.read_parquet(files[-1])
+    if kind == "deepep_low_latency":
+        dispatch, combine = df["dispatch_avg_t_us"], df["combine_avg_t_us"]
+    else:
+        df = df[(df["dispatch_sms"] == VLLM_DEEPEP_HT_SMS)
+                & (df["combine_sms"] == VLLM_DEEPEP_HT_SMS)]
+        dispatch = df["dispatch_transmit_us"] + df["dispatch_notify_us"]
+        combine = df["combine_transmit_us"] + df["combine_notify_us"]
+    df = df.assign(dispatch=dispatch, combine=combine)
+    out = {}
+    for shape, g in df.groupby(["hidden_size", "num_topk", "num_experts"]):
+        g = g.sort_values("num_token")
+        out[tuple(int(x) for x in shape)] = (tuple(int(t) for t in g["num_token"]),
+                                             tuple(float(x) for x in g["dispatch"]),
+                                             tuple(float(x) for x in g["combine"]))
+    return out
+
+
+def _read(tokens_axis: tuple, times: tuple, tokens: float) -> float:
+    """``times`` at ``tokens``: log-log between measured token counts, the smallest
+    count's time below them, the last stretch's slope per token above them."""
+    if tokens <= tokens_axis[0]:
+        return times[0]
+    for t0, t1, y0, y1 in zip(tokens_axis, tokens_axis[1:], times, times[1:]):
+        if tokens <= t1:
+            return y0 * (y1 / y0) ** (math.log(tokens / t0) / math.log(t1 / t0))
+    t0, t1, y0, y1 = tokens_axis[-2], tokens_axis[-1], times[-2], times[-1]
+    return y1 + (tokens - t1) * (y1 - y0) / (t1 - t0)
+
+
+def deepep_exchange_ns(hardware: str, kind: str, hidden: int, topk: int, experts: int,
+                       tokens: int, dispatch_bytes: int) -> int | None:
+    """One MoE layer's DeepEP dispatch + combine for a rank with ``tokens`` tokens, ns, as
+    measured on ``hardware`` for the shape (``hidden`` values a token, ``topk`` of
+    ``experts``), dispatching ``dispatch_bytes`` a value (2 for bf16, 1 for FP8); None
+    where that card or shape was not measured."""
+    tables = _tables(hardware, kind)
+    row = None if tables is None else tables.get((hidden, topk, experts))
+    if row is None or tokens <= 0:
+        return None
+    axis, dispatch, combine = row
+    # the FP8 token count that moves the same bytes as this dispatch
+    fp8_bytes = hidden + hidden // FP8_SCALE_GROUP * 4
+    as_fp8 = tokens * hidden * dispatch_bytes / fp8_bytes if dispatch_bytes > 1 else tokens
+    return int((_read(axis, dispatch, as_fp8) + _read(axis, combine, tokens)) * 1e3)
