@@ -13,7 +13,9 @@ model whose shape was measured takes these times; any other runs on the link mod
 Dispatch was measured in FP8 with one fp32 scale per 128 values (what SGLang sends); vLLM
 dispatches an unquantized model's activations in its own dtype, so such a dispatch is read
 at the token count that moves the same bytes in FP8 (about twice as many for bf16). The
-combine returns the expert outputs in bf16 in both. The measurements are of 8-rank groups;
+combine returns the expert outputs in bf16 in both. vLLM sends a rank's tokens through the
+low-latency kernels ``VLLM_MOE_DP_CHUNK_SIZE`` (256) at a time, a dispatch and a combine
+per chunk. The measurements are of 8-rank groups;
 a smaller EP group inside one node takes them as they are (the kernels' per-call latency
 and per-byte cost, which dominate, are the node's).
 """
@@ -27,6 +29,9 @@ from pathlib import Path
 
 #: vLLM 0.19's DeepEP high-throughput kernels run on this many SMs (its DeepEP manager)
 VLLM_DEEPEP_HT_SMS = 20
+#: vLLM sends a rank's tokens through DeepEP's low-latency kernels this many at a time
+#: (VLLM_MOE_DP_CHUNK_SIZE's default: the batched-activation kernels' buffer size)
+VLLM_MOE_DP_CHUNK_SIZE = 256
 #: FP8 dispatch: one byte a value and one fp32 scale per 128 values
 FP8_SCALE_GROUP = 128
 FILES = {"deepep_low_latency": "wideep_deepep_ll_perf.parquet",
@@ -96,7 +101,16 @@ def deepep_exchange_ns(hardware: str, kind: str, hidden: int, topk: int, experts
     if row is None or tokens <= 0:
         return None
     axis, dispatch, combine = row
-    # the FP8 token count that moves the same bytes as this dispatch
+    # the FP8 token count that moves the same bytes as a dispatch of n tokens
     fp8_bytes = hidden + hidden // FP8_SCALE_GROUP * 4
-    as_fp8 = tokens * hidden * dispatch_bytes / fp8_bytes if dispatch_bytes > 1 else tokens
-    return int((_read(axis, dispatch, as_fp8) + _read(axis, combine, tokens)) * 1e3)
+    scale = hidden * dispatch_bytes / fp8_bytes if dispatch_bytes > 1 else 1.0
+
+    def call(n: int) -> float:
+        return _read(axis, dispatch, n * scale) + _read(axis, combine, n)
+
+    if kind != "deepep_low_latency":
+        return int(call(tokens) * 1e3)
+    # the low-latency kernels take the rank's tokens a chunk at a time
+    full, rest = divmod(tokens, VLLM_MOE_DP_CHUNK_SIZE)
+    us = full * call(VLLM_MOE_DP_CHUNK_SIZE) + (call(rest) if rest else 0.0)
+    return int(us * 1e3)

@@ -687,12 +687,17 @@ def test_deepep_exchange_on_the_catalogue_link_takes_deepeps_measured_kernels():
     g = g.sort_values("num_token")
     axis = tuple(g.num_token)
     s, gate = _wave(_without_link(_cluster()), OPTS.replace(all2all_backend="deepep_low_latency"))
-    for tokens in (1, 128, 700):
+    def call(tokens):
         as_fp8 = tokens * 2048 * 2 / (2048 + 2048 // 128 * 4)
-        want = (_read(axis, tuple(g.dispatch_avg_t_us), as_fp8)
+        return (_read(axis, tuple(g.dispatch_avg_t_us), as_fp8)
                 + _read(axis, tuple(g.combine_avg_t_us), tokens))
+
+    for tokens in (1, 128, 256):
         assert s.moe_wave._exchange_ns(s.instances, [tokens, tokens]) == pytest.approx(
-            want * 1e3, abs=2), tokens
+            call(tokens) * 1e3, abs=2), tokens
+    # above vLLM's 256-token chunk (VLLM_MOE_DP_CHUNK_SIZE), one call per chunk
+    assert s.moe_wave._exchange_ns(s.instances, [700, 700]) == pytest.approx(
+        (2 * call(256) + call(188)) * 1e3, abs=3)
     assert 20_000 < s.moe_wave._exchange_ns(s.instances, [1, 1]) < 25_000
     s.close()
 
