@@ -290,7 +290,7 @@ class KVCacheManager:
         (private ones only counted, with ``private``)."""
         if not self.enable_prefix_caching:
             return
-        start = req.cached_hashes or 0
+        start = req.cached_hashes
         bs = self.block_size
         full = num_tokens // bs
         if full <= start:
@@ -409,7 +409,7 @@ class KVCacheManager:
             known = req.input_len + req.num_output
             if n > known:
                 n = known
-            if n // bs > (req.cached_hashes or 0):
+            if n // bs > req.cached_hashes:
                 self.cache_blocks(req, n)
         return True
 
@@ -464,7 +464,7 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             known = req.input_len + req.num_output
             n = nc if nc < known else known
-            if n // bs > (req.cached_hashes or 0):
+            if n // bs > req.cached_hashes:
                 self.cache_blocks(req, n)
         return True
 
@@ -483,13 +483,13 @@ class KVCacheManager:
         if finished is None:
             finished = req.status == FINISHED
         if not finished and self.defers_private():
-            cached = req.cached_hashes or 0
+            cached = req.cached_hashes
             p = self.private.get(req.rid, NONE_PRIVATE)
             if cached > p:
                 self._enter(req, p, cached, skip_cached=True)
         self.free_blocks(req.block_ids)
         req.block_ids = []
-        req.cached_hashes = None
+        req.cached_hashes = 0
 
 
 class PrefixTier:

@@ -261,20 +261,23 @@ class Scheduler:
             if ph and k + 2 - ph >= n_in + (1 if one_token else req.output_len):
                 continue  # (async) Its step in flight is its last.
             known = n_in + req.num_output
-            n = known + ph - k
-            if threshold and n > threshold:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > cap - k:
-                n = cap - k
-            if n <= 0:
-                continue
+            n = rest = known + ph - k  # (rest: the tokens it has left to compute)
+            if n > 1:
+                if threshold and n > threshold:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                if n > cap - k:
+                    n = cap - k
+                if n <= 0:
+                    continue
+            elif n < 1 or k >= cap:
+                continue  # (one token: within the threshold and the budget left)
             nc = k + n
             if nc <= len(req.block_ids) * bs and (not caching or (
-                    nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
+                    nc if nc < known else known) // bs <= req.cached_hashes):
                 pass  # Fast path (most decodes): its blocks have room and nothing to cache.
-            elif not kv.allocate(req, n):
+            elif not (kv.grow_one(req) if n == 1 else kv.allocate(req, n)):
                 allocated, refund, undone = self._preempt_for(req, n, step)
                 preempted = True
                 budget += refund
@@ -284,7 +287,7 @@ class Scheduler:
                     break
             # step.add(req, n), inline
             req.num_computed = nc
-            if nc >= known + ph:
+            if n == rest:
                 add_sample(True)
                 if async_:
                     req.num_placeholders = ph + 1
@@ -500,7 +503,7 @@ class Scheduler:
                 req.num_placeholders = ph
                 if caching and status == RUNNING:
                     n = req.num_computed - ph
-                    if n // bs > (req.cached_hashes or 0):
+                    if n // bs > req.cached_hashes:
                         kv.cache_blocks(req, n)
             if out >= req.output_len or req.input_len + out >= max_len:
                 req.status = FINISHED
@@ -548,7 +551,7 @@ class Scheduler:
             self.held_handoffs += 1
             r.handoff_blocks = r.block_ids
             r.block_ids = []
-            r.cached_hashes = None
+            r.cached_hashes = 0
             r.num_computed = 0  # the decode side starts from its own cache
 
     def release_handoff(self, blocks: list[int]) -> None:
