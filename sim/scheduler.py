@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from itertools import compress
 from dataclasses import dataclass
 from operator import mul
 from typing import TYPE_CHECKING
@@ -457,10 +458,12 @@ class Scheduler:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
         if self.role == "prefill":
             return self._complete_prefills(batch, now, itl_sink)
-        return self._emit_tokens(zip(batch.requests, batch.samples), now, itl_sink)
+        samples = batch.samples
+        sampled = batch.requests if all(samples) else list(compress(batch.requests, samples))
+        return self._emit_tokens(sampled, now, itl_sink)
 
-    def _emit_tokens(self, sampled, now: int, itl_sink: GapRuns) -> list[Request]:
-        """Each request of ``sampled`` ((request, sampled?) pairs) that sampled and is not
+    def _emit_tokens(self, sampled: list[Request], now: int, itl_sink: GapRuns) -> list[Request]:
+        """Each request of ``sampled`` (those whose step sampled a token) that is not
         finished gets its token; requests that reach their length retire."""
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
         last_gap = gap_values[-1] if gap_values else None
@@ -473,9 +476,7 @@ class Scheduler:
         caching = async_ and kv.enable_prefix_caching
         bs = kv.block_size
         max_len = self.max_model_len
-        for req, s in sampled:
-            if not s:
-                continue
+        for req in sampled:
             status = req.status
             if status == FINISHED:
                 continue
@@ -530,8 +531,8 @@ class Scheduler:
                     req.num_placeholders -= 1
                 req.status = WAITING
                 self.handoffs.append(req)
-            else:
-                rest.append((req, s))
+            elif s:
+                rest.append(req)
         return self._emit_tokens(rest, now, itl_sink)
 
     def _retire(self, finished: list[Request], stopped_waiting: list[Request]) -> None:
