@@ -261,8 +261,9 @@ class KVCacheManager:
         """Leading blocks of ``req`` a lookup reads: those of its first num_tokens - 1
         tokens, up to its first private block if it was never preempted (no block holds
         a private block's hash then: only it could have cached one)."""
-        max_blocks = (req.num_tokens - 1) // self.block_size
-        if not req.preemptions and self.defers_private():
+        max_blocks = (req.input_len + req.num_output - 1) // self.block_size
+        # (defers_private, inline: read at every step a request waits)
+        if not req.preemptions and self.private is not None and self.lower_tier is None:
             p = self.private.get(req.rid, NONE_PRIVATE)
             if p < max_blocks:
                 return p
@@ -275,7 +276,9 @@ class KVCacheManager:
         max_blocks = self.lookup_span(req)
         if not max_blocks:
             return []
-        hashes = block_hashes(req, self.block_size, max_blocks)
+        hashes = req.block_hashes
+        if hashes is None or len(hashes) < max_blocks:
+            hashes = block_hashes(req, self.block_size, max_blocks)
         get = self.first.get
         if not hashes or get(hashes[0]) is None:
             return []
@@ -290,7 +293,7 @@ class KVCacheManager:
         (private ones only counted, with ``private``)."""
         if not self.enable_prefix_caching:
             return
-        start = req.cached_hashes or 0
+        start = req.cached_hashes
         bs = self.block_size
         full = num_tokens // bs
         if full <= start:
@@ -372,11 +375,23 @@ class KVCacheManager:
     # -------------------------------------------------------------- allocation
     def can_admit(self, req: Request, hit_blocks: list[int], reserve_full: bool,
                   num_new: int) -> bool:
+        bs = self.block_size
+        n_hit = len(hit_blocks)
+        tokens = req.input_len + req.num_output if reserve_full else n_hit * bs + num_new
+        need = -(-tokens // bs) - n_hit  # (blocks_for(tokens) - hit)
+        return self._fits(need, hit_blocks)
+
+    def _fits(self, need: int, hit_blocks: list[int]) -> bool:
+        """Whether ``need`` new blocks are free besides the hit blocks that are in the free
+        queue (which the hit takes out of it)."""
+        free = self.free
+        num_free = free.end - free.next_fresh + len(free.recycled)
+        if need > num_free:
+            return False  # (even if no hit block is in the queue)
+        if need + len(hit_blocks) <= num_free:
+            return True  # (even if every one is)
         ref = self.ref
-        hit_free = [ref[b] for b in hit_blocks].count(0) if hit_blocks else 0
-        tokens = req.num_tokens if reserve_full else len(hit_blocks) * self.block_size + num_new
-        need = -(-tokens // self.block_size) - len(hit_blocks)  # (blocks_for(tokens) - hit)
-        return need <= self.num_free - hit_free
+        return need + [ref[b] for b in hit_blocks].count(0) <= num_free
 
     def allocate(self, req: Request, num_new: int, hit_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new`` more tokens of ``req`` past its computed ones (and its
@@ -386,11 +401,10 @@ class KVCacheManager:
         free, ref = self.free, self.ref
         if hit_blocks:
             computed += len(hit_blocks) * bs
-            hit_free = [ref[b] for b in hit_blocks].count(0)
             need = -(-(computed + num_new) // bs) - len(req.block_ids) - len(hit_blocks)
             if need < 0:
                 need = 0
-            if need + hit_free > self.num_free:
+            if not self._fits(need, hit_blocks):
                 return False
             for b in hit_blocks:
                 if ref[b] == 0:
@@ -409,7 +423,7 @@ class KVCacheManager:
             known = req.input_len + req.num_output
             if n > known:
                 n = known
-            if n // bs > (req.cached_hashes or 0):
+            if n // bs > req.cached_hashes:
                 self.cache_blocks(req, n)
         return True
 
@@ -464,7 +478,7 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             known = req.input_len + req.num_output
             n = nc if nc < known else known
-            if n // bs > (req.cached_hashes or 0):
+            if n // bs > req.cached_hashes:
                 self.cache_blocks(req, n)
         return True
 
@@ -483,13 +497,13 @@ class KVCacheManager:
         if finished is None:
             finished = req.status == FINISHED
         if not finished and self.defers_private():
-            cached = req.cached_hashes or 0
+            cached = req.cached_hashes
             p = self.private.get(req.rid, NONE_PRIVATE)
             if cached > p:
                 self._enter(req, p, cached, skip_cached=True)
         self.free_blocks(req.block_ids)
         req.block_ids = []
-        req.cached_hashes = None
+        req.cached_hashes = 0
 
 
 class PrefixTier:

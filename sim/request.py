@@ -55,7 +55,8 @@ class Request:
         self.last_token_ns = -1
         self.finish_ns = -1
         self.itl_max_ns = 0
-        self.cached_hashes = None
+        #: leading full blocks of its sequence in the prefix cache (entered, or counted)
+        self.cached_hashes = 0
         self.block_hashes: list[int] | None = None
         self.num_placeholders = 0
         self.lower_hit = 0

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from itertools import compress
 from dataclasses import dataclass
 from operator import mul
 from typing import TYPE_CHECKING
@@ -261,20 +262,23 @@ class Scheduler:
             if ph and k + 2 - ph >= n_in + (1 if one_token else req.output_len):
                 continue  # (async) Its step in flight is its last.
             known = n_in + req.num_output
-            n = known + ph - k
-            if threshold and n > threshold:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > cap - k:
-                n = cap - k
-            if n <= 0:
-                continue
+            n = rest = known + ph - k  # (rest: the tokens it has left to compute)
+            if n > 1:
+                if threshold and n > threshold:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                if n > cap - k:
+                    n = cap - k
+                if n <= 0:
+                    continue
+            elif n < 1 or k >= cap:
+                continue  # (one token: within the threshold and the budget left)
             nc = k + n
             if nc <= len(req.block_ids) * bs and (not caching or (
-                    nc if nc < known else known) // bs <= (req.cached_hashes or 0)):
+                    nc if nc < known else known) // bs <= req.cached_hashes):
                 pass  # Fast path (most decodes): its blocks have room and nothing to cache.
-            elif not kv.allocate(req, n):
+            elif not (kv.grow_one(req) if n == 1 else kv.allocate(req, n)):
                 allocated, refund, undone = self._preempt_for(req, n, step)
                 preempted = True
                 budget += refund
@@ -284,7 +288,7 @@ class Scheduler:
                     break
             # step.add(req, n), inline
             req.num_computed = nc
-            if nc >= known + ph:
+            if n == rest:
                 add_sample(True)
                 if async_:
                     req.num_placeholders = ph + 1
@@ -454,10 +458,12 @@ class Scheduler:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
         if self.role == "prefill":
             return self._complete_prefills(batch, now, itl_sink)
-        return self._emit_tokens(zip(batch.requests, batch.samples), now, itl_sink)
+        samples = batch.samples
+        sampled = batch.requests if all(samples) else list(compress(batch.requests, samples))
+        return self._emit_tokens(sampled, now, itl_sink)
 
-    def _emit_tokens(self, sampled, now: int, itl_sink: GapRuns) -> list[Request]:
-        """Each request of ``sampled`` ((request, sampled?) pairs) that sampled and is not
+    def _emit_tokens(self, sampled: list[Request], now: int, itl_sink: GapRuns) -> list[Request]:
+        """Each request of ``sampled`` (those whose step sampled a token) that is not
         finished gets its token; requests that reach their length retire."""
         gap_values, gap_counts = itl_sink.values, itl_sink.counts
         last_gap = gap_values[-1] if gap_values else None
@@ -470,9 +476,7 @@ class Scheduler:
         caching = async_ and kv.enable_prefix_caching
         bs = kv.block_size
         max_len = self.max_model_len
-        for req, s in sampled:
-            if not s:
-                continue
+        for req in sampled:
             status = req.status
             if status == FINISHED:
                 continue
@@ -500,7 +504,7 @@ class Scheduler:
                 req.num_placeholders = ph
                 if caching and status == RUNNING:
                     n = req.num_computed - ph
-                    if n // bs > (req.cached_hashes or 0):
+                    if n // bs > req.cached_hashes:
                         kv.cache_blocks(req, n)
             if out >= req.output_len or req.input_len + out >= max_len:
                 req.status = FINISHED
@@ -527,8 +531,8 @@ class Scheduler:
                     req.num_placeholders -= 1
                 req.status = WAITING
                 self.handoffs.append(req)
-            else:
-                rest.append((req, s))
+            elif s:
+                rest.append(req)
         return self._emit_tokens(rest, now, itl_sink)
 
     def _retire(self, finished: list[Request], stopped_waiting: list[Request]) -> None:
@@ -548,7 +552,7 @@ class Scheduler:
             self.held_handoffs += 1
             r.handoff_blocks = r.block_ids
             r.block_ids = []
-            r.cached_hashes = None
+            r.cached_hashes = 0
             r.num_computed = 0  # the decode side starts from its own cache
 
     def release_handoff(self, blocks: list[int]) -> None:
