@@ -896,10 +896,14 @@ class _Run:
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
-        arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
-        decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
         own_end = None  # (async) the end of the step left in flight, where taken too
-        if arrival_end is not None:
+        if plan.admits_next and len(completions) == len(durations) == 1:
+            # (the step in flight has completed: step 1 is scheduled then)
+            arrival_end, decodes_next = completions[0], True
+        else:
+            arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
+            decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
+        if arrival_end is not None and not plan.admits_next:
             completions.append(arrival_end)
             if decodes_next and b1 is not None:
                 own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
@@ -1101,7 +1105,8 @@ class _Run:
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
-        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl)
+        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl,
+                             steps)
         decodes = batches.pop() if decodes_next else None
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)

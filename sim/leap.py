@@ -75,6 +75,12 @@ class LeapPlan:
     #: k, ``finishing(plan, k)``)
     bounds: list[int]
     segs: dict
+    #: (async) the stretch is step 0 and the first completion, at which the requests in
+    #: ``leaving`` finish and their blocks may admit the waiting head: step 1's decodes
+    #: are planned (their blocks counted) for the engine to take with the waiting queue
+    #: scheduled after them (``Scheduler.schedule_after_decodes``), and step 0's lookup
+    #: of the head is the only one the stretch accounts
+    admits_next: bool = False
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
@@ -111,8 +117,6 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     if head_hit is False or _short_of_blocks(sch):
         return None
     running = sch.running
-    if head_hit is not None and in_flight is not None and _head_in_after_leaving(sch, head_hit):
-        return None
     general = may_finish and sch.async_scheduling and not sch.waiting
     counters = _steady_counters(sch, in_flight, general, step_cap)
     if counters is None:
@@ -142,13 +146,20 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
                                                         pops_through, free0, computed0, output0,
                                                         freed, head_hit)
-    if max_steps < 2:
+    admits_next = False
+    if max_steps == 1 and leaving and max_completions >= 2 and not general:
+        # The head may get in at step 1, once the leaving requests free their blocks (or
+        # its hit may change there): step 0 and the first completion, then step 1's
+        # decodes (the blocks counted allow two steps), the queue scheduled after them.
+        # (Two steps stepped cost more than this stretch.)
+        max_steps, max_completions, admits_next = 2, 1, True
+    elif max_steps < 2:
         # (a stretch of one step costs more to plan and apply than to step)
         return None
     # (the batch shrinks only where requests may finish past the first completion)
     bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, head_lookup, leaving, freed_at, drops, bounds, {})
+                    free0, head_lookup, leaving, freed_at, drops, bounds, {}, admits_next)
 
 
 def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
@@ -208,20 +219,6 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
     if max_completions < 1 or min(firsts) < 0:
         return None
     return computed0, output0, firsts, drops, max_completions
-
-
-def _head_in_after_leaving(sch: Scheduler, hit: list[int]) -> bool:
-    """(Async, the waiting head tried at each step) Whether the head would be admitted at
-    step 1, once the requests whose step in flight is their last have left: the plan's
-    bound (``_bound_by_waiting_head``) with fewer free blocks (each request that stays
-    taking one in steps 0 and 1): no stretch, found without the plan's pass. (Only a
-    shortcut: a stretch refused is stepped, with the same results.)"""
-    leaving = [r for r in sch.running if r.output_len - r.num_output == 1]
-    if not leaving or sch.kv.block_size < 2:
-        return False
-    stay = len(sch.running) - len(leaving)
-    free = sch.kv.num_free + len(_freed_blocks(sch, leaving)) - stay
-    return _head_admissible(sch, sch.waiting[0], hit, free, sch.budget - stay)
 
 
 def _short_of_blocks(sch: Scheduler) -> bool:
@@ -399,7 +396,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     never preempted), the stretch ends before the first step that evicts one of the
     head's cached blocks. Blocks ``freed`` at the first completion join the free ones
     once: the head is checked at step 1 too (its hit blocks among them counted as held,
-    which only makes it look more admissible)."""
+    which only makes it look more admissible); where it may get in then, the bound is
+    one step (``LeapPlan.admits_next``)."""
     kv = sch.kv
     bs = kv.block_size
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
@@ -411,7 +409,7 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
         return 0, None
     if freed and max_steps > 1 and _head_admissible(
             sch, head, hit, free0 + len(freed) - pops_through[1], budget):
-        return 1, None  # (a stretch of one step is not taken: nothing more to bound)
+        max_steps = 1  # (its lookup at step 0 still bounded and accounted below)
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
@@ -507,7 +505,8 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: GapRuns) -> list[Batch]:
+               completion_ns: list[int], itl_sink: GapRuns,
+               lookups: int | None = None) -> list[Batch]:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
     return the batches of the steps still in flight, in step order. Sync: completion k is
@@ -515,7 +514,8 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     first completion is the step already in flight at the start, completion k step k-2's,
     so the last step is always in flight; with one step more than completions the last
     two are (the last one scheduled at the last completion: every request in it has two
-    tokens in flight)."""
+    tokens in flight). The waiting head's lookup is accounted for ``lookups`` steps
+    (default all; the caller schedules the waiting queue of a step it takes)."""
     running = sch.running
     done = len(completion_ns)
     sch.read_input(start_ns)  # (the first step's schedule)
@@ -523,8 +523,10 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     sch.preempted_last = []
     if plan.head_lookup is not None:
         hit_blocks, tokens = plan.head_lookup
-        sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
-        sch.kv.queried_tokens += steps * tokens
+        if lookups is None:
+            lookups = steps
+        sch.kv.hit_tokens += lookups * hit_blocks * sch.kv.block_size
+        sch.kv.queried_tokens += lookups * tokens
     if done:
         _emit_tokens(running, plan, steps, completion_ns, itl_sink)
     else:

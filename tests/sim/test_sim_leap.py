@@ -451,3 +451,29 @@ def test_random_single_instance_cases_leap_exactly(seed):
     """Randomized single-instance cases (``_random_single_instance_case``): leaping on
     and off give byte-identical output."""
     _assert_same(*_random_single_instance_case(seed))
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_finish_that_admits_the_waiting_head_is_leapt(bundle_root, monkeypatch, caching):
+    """Async scheduling, a pool too small for the queue: where a request's step in flight
+    is its last and its blocks would let the waiting head in at the next step, a stretch
+    takes one step, the completion the request finishes at and the next step's decodes,
+    the scheduler adding the waiting queue to them (it was two stepped steps, that one
+    and the one that admits the head); the output is unchanged."""
+    calls = []
+    original = sim.scheduler.Scheduler.schedule_after_decodes
+
+    def counting(self, decodes, now):
+        calls.append(now)
+        return original(self, decodes, now)
+
+    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule_after_decodes", counting)
+    steps = _count_leaps(monkeypatch)
+    wl = sim.Workload([Request(i, 0, 150 + 9 * i, 60 + 17 * (i % 7)) for i in range(30)],
+                      source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(120))
+    opts = opts_for(bundle_root, async_scheduling=True, enable_prefix_caching=caching)
+    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
+    calls.clear()
+    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    assert len(calls) >= 10 and steps.count(2) >= 10  # (step 0 and step 1's decodes)
