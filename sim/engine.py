@@ -889,27 +889,27 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
-        finishes = self.leap_finishes and b1 is not None and not sch.waiting
-        plan = plan_leap(sch, in_flight, finishes,
+        plan = plan_leap(sch, in_flight, self.leap_finishes and b1 is not None,
                          self._step_cap(idx, b1, horizon))
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
         own_end = None  # (async) the end of the step left in flight, where taken too
-        if plan.admits_next and len(completions) == len(durations) == 1:
-            # (the step in flight has completed: step 1 is scheduled then)
-            arrival_end, decodes_next = completions[0], True
+        if plan.admits_next and len(completions) == len(durations) == plan.max_completions:
+            # The stretch has got to its last completion, where the unit schedules next:
+            # that step's decodes are taken, the waiting queue scheduled after them.
+            arrival_end, decodes_next = completions[-1], True
         else:
             arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
             decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
-        if arrival_end is not None and not plan.admits_next:
-            completions.append(arrival_end)
-            if decodes_next and b1 is not None:
-                own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
-                                               len(completions))
-                if own_end is not None:
-                    completions.append(own_end)
+            if arrival_end is not None:
+                completions.append(arrival_end)
+                if decodes_next and b1 is not None:
+                    own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
+                                                   len(completions))
+                    if own_end is not None:
+                        completions.append(own_end)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)

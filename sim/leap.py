@@ -117,25 +117,33 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     if head_hit is False or _short_of_blocks(sch):
         return None
     running = sch.running
-    general = may_finish and sch.async_scheduling and not sch.waiting
-    counters = _steady_counters(sch, in_flight, general, step_cap)
+    waiting = sch.waiting
+    general = may_finish and sch.async_scheduling and not waiting
+    # (async, a queue whose head a step looks at) through the first finish past step 0
+    to_first_finish = (may_finish and sch.async_scheduling and waiting
+                       and sch.budget > len(running) and len(running) < sch.max_num_seqs)
+    counters = _steady_counters(sch, in_flight, general, step_cap, to_first_finish)
     if counters is None:
         return None
-    computed0, output0, firsts, drops, max_completions = counters
+    computed0, output0, firsts, drops, max_completions, first_drop = counters
     leaving = [i for i, d in enumerate(drops) if d == 0] if drops is not None else []
+    finishes = general or to_first_finish  # (requests may finish past the first completion)
+    if finishes:
+        freed_at = _freed_at(sch, firsts, drops, max_completions)
     if general:
         freed = []
-        freed_at = _freed_at(sch, firsts, drops, max_completions)
     else:
         freed = _freed_blocks(sch, [running[i] for i in leaving])
-        freed_at = [0, len(freed)]
+        if not finishes:
+            freed_at = [0, len(freed)]
     # (only where requests may finish past the first completion do their blocks stop)
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
-                                                drops if general else None, freed_at)
+                                                drops if finishes else None, freed_at)
     if max_steps < 2:
         return None  # (see below)
+    # (the batch shrinks only where requests may finish past the first completion)
+    bounds = sorted({d for d in drops if 0 < d < max_completions}) if finishes else []
     head_lookup = None
-    waiting = sch.waiting
     stay = len(running) - len(leaving)
     budget_left = sch.budget - stay
     free0 = sch.kv.num_free
@@ -146,29 +154,39 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
                                                         pops_through, free0, computed0, output0,
                                                         freed, head_hit)
+        if to_first_finish and bounds and max_steps > first_drop and _head_admissible(
+                sch, head, head_hit, free0 + len(freed) - pops_through[first_drop],
+                sch.budget - sum(d > first_drop for d in drops)):
+            # the requests finishing next are not in step first_drop: its budget is larger
+            max_steps = first_drop
     admits_next = False
-    if max_steps == 1 and leaving and max_completions >= 2 and not general:
+    if max_steps == 1 and leaving and first_drop >= 2 and not general:
         # The head may get in at step 1, once the leaving requests free their blocks (or
         # its hit may change there): step 0 and the first completion, then step 1's
         # decodes (the blocks counted allow two steps), the queue scheduled after them.
         # (Two steps stepped cost more than this stretch.)
-        max_steps, max_completions, admits_next = 2, 1, True
+        max_steps, max_completions, admits_next, bounds = 2, 1, True, []
     elif max_steps < 2:
         # (a stretch of one step costs more to plan and apply than to step)
         return None
-    # (the batch shrinks only where requests may finish past the first completion)
-    bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
+    elif (to_first_finish and bounds and max_completions == first_drop + 1
+          and max_steps == first_drop + 2 and first_drop + 1 not in drops):
+        # The requests finishing at the last completion may let the head in at the step
+        # after it: where the stretch gets there, that step's decodes are taken (all the
+        # requests left, their blocks counted), the queue scheduled after them.
+        admits_next = True
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
                     free0, head_lookup, leaving, freed_at, drops, bounds, {}, admits_next)
 
 
 def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
-                     step_cap: int = NEVER):
+                     step_cap: int = NEVER, to_first_finish: bool = False):
     """``plan_leap``'s pass over the running requests: None unless each is in steady
     decode; else their computed and output counters, the step at which each starts its
     next block, (async) the step each is dropped from, and the completions the stretch
     may apply: before the first finish of a request in step 0 (``general``: before the
-    last request finishes)."""
+    last request finishes; ``to_first_finish``: through that finish), and (async) the
+    first step from which a request in step 0 is dropped (else NEVER)."""
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     if ph and in_flight.requests != running:  # (Requests compare by identity)
@@ -210,15 +228,18 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
                     firsts[i] = NEVER
         else:
             max_completions = min(drops)
+        first_drop = max_completions
         if general and step_cap > max_completions:
             max_completions = max(drops)
+        elif to_first_finish and step_cap > max_completions < max(drops):
+            max_completions += 1  # (a request stays in the step after)
     else:
-        max_completions = min(lasts)
+        max_completions = first_drop = min(lasts)
     if max_completions > step_cap:
         max_completions = step_cap
     if max_completions < 1 or min(firsts) < 0:
         return None
-    return computed0, output0, firsts, drops, max_completions
+    return computed0, output0, firsts, drops, max_completions, first_drop
 
 
 def _short_of_blocks(sch: Scheduler) -> bool:
