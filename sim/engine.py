@@ -865,7 +865,9 @@ class _Run:
         covers that step, the stretch takes its decodes and the scheduler adds the waiting
         queue (``Scheduler.schedule_after_decodes``), the step is put in flight and (async)
         the stretch takes the completion of the step before it too
-        (``_run_into_arrival``)."""
+        (``_run_into_arrival``). Where the plan's last completion may let the waiting head
+        in (``LeapPlan.admits_next``), the stretch that gets there takes the next step's
+        decodes the same way."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -1195,9 +1197,9 @@ class _Run:
 def _plan_takes_step(plan, j: int) -> bool:
     """Whether step ``j`` of the stretch may be taken as planned: within its steps, before
     any finish it does not cover (every request finished by then has left the batch),
-    the batch the one before's, and no waiting head looked up at each step."""
-    return (j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
-            and plan.head_lookup is None)
+    and the batch the one before's. (A waiting head's lookup at step ``j`` is the
+    scheduler's: the stretch accounts those of the steps before.)"""
+    return j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
 
 
 def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,

@@ -107,12 +107,13 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
     the completions the stretch may apply and the step at which each starts its next
     block. (Async) a request whose step in flight is its last leaves at the first
-    completion (where nothing waits: its blocks freed could admit a request). With
-    ``may_finish`` (async, nothing waiting, no request releasing another) requests may
-    finish at any completion of the stretch, the batch shrinking, while one stays. The
-    plan covers ``step_cap`` completions at most, the steps that timing will likely
-    allow (any bound is exact: a shorter stretch is followed by another; a plan's block
-    and finish tables are as long as it is)."""
+    completion. With ``may_finish`` (async, no request releasing another) requests may
+    finish at any completion of the stretch where nothing waits, the batch shrinking,
+    while one stays; with a waiting queue, through the first finish past step 0 (the head
+    checked at the steps whose budget or free blocks change), the step after it left to
+    the engine (``LeapPlan.admits_next``). The plan covers ``step_cap`` completions at
+    most, the steps that timing will likely allow (any bound is exact: a shorter stretch
+    is followed by another; a plan's block and finish tables are as long as it is)."""
     head_hit = _head_hit(sch)
     if head_hit is False or _short_of_blocks(sch):
         return None
