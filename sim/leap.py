@@ -324,15 +324,21 @@ def _freed_at(sch: Scheduler, firsts: list[int], drops: list[int], max_completio
     """Blocks freed at each completion up to ``max_completions`` (index k: the k-th)
     by the requests finishing there (in running order, as ``Scheduler.complete``): those
     of its blocks no other request holds, and every block it takes in the stretch."""
-    bs = sch.kv.block_size
-    ref = sch.kv.ref
+    kv = sch.kv
+    bs = kv.block_size
+    ref = kv.ref
+    # (no block is shared without prefix caching, nor a private one: sim.kv_cache)
+    private = kv.private.get if kv.private is not None else None
+    caching = kv.enable_prefix_caching
     running = sch.running
     freed_at = [0] * (max_completions + 1)
     order = sorted([(d, i) for i, d in enumerate(drops) if d < max_completions])
     left: dict[int, int] = {}
     for d, i in order:
-        bids = running[i].block_ids
-        if not left and sum(map(ref.__getitem__, bids)) == len(bids):
+        r = running[i]
+        bids = r.block_ids
+        if not left and (not caching or (private is not None and not private(r.rid, 1))
+                         or sum(map(ref.__getitem__, bids)) == len(bids)):
             k = len(bids)  # (no block shared: each is freed)
         else:
             k = 0
