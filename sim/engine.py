@@ -865,7 +865,9 @@ class _Run:
         covers that step, the stretch takes its decodes and the scheduler adds the waiting
         queue (``Scheduler.schedule_after_decodes``), the step is put in flight and (async)
         the stretch takes the completion of the step before it too
-        (``_run_into_arrival``)."""
+        (``_run_into_arrival``). Where the plan's last completion may let the waiting head
+        in (``LeapPlan.admits_next``), the stretch that gets there takes the next step's
+        decodes the same way."""
         idx = self.units[unit][0]
         sch = self.schedulers[idx]
         if not sch.running:
@@ -889,23 +891,27 @@ class _Run:
         if b1 is not None and b1[0] >= horizon:
             return False
         in_flight = b1[3][0][1] if b1 is not None else None  # (async) the step in flight
-        finishes = self.leap_finishes and b1 is not None and not sch.waiting
-        plan = plan_leap(sch, in_flight, finishes,
+        plan = plan_leap(sch, in_flight, self.leap_finishes and b1 is not None,
                          self._step_cap(idx, b1, horizon))
         if plan is None or (plan.leaving and (self.clients > 0 or any(
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
-        arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
-        decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
         own_end = None  # (async) the end of the step left in flight, where taken too
-        if arrival_end is not None:
-            completions.append(arrival_end)
-            if decodes_next and b1 is not None:
-                own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
-                                               len(completions))
-                if own_end is not None:
-                    completions.append(own_end)
+        if plan.admits_next and len(completions) == len(durations) == plan.max_completions:
+            # The stretch has got to its last completion, where the unit schedules next:
+            # that step's decodes are taken, the waiting queue scheduled after them.
+            arrival_end, decodes_next = completions[-1], True
+        else:
+            arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
+            decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
+            if arrival_end is not None:
+                completions.append(arrival_end)
+                if decodes_next and b1 is not None:
+                    own_end = self._own_completion(plan, b1, arrival_end + durations[-1],
+                                                   len(completions))
+                    if own_end is not None:
+                        completions.append(own_end)
         if b1 is not None:
             self.in_flight.remove(b1)
             heapq.heapify(self.in_flight)
@@ -1101,7 +1107,8 @@ class _Run:
         inst = self.instances[idx]
         sch = inst.scheduler
         steps = len(durations)
-        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl)
+        batches = apply_leap(sch, plan, steps + decodes_next, self.now, completions, self.itl,
+                             steps)
         decodes = batches.pop() if decodes_next else None
         usable = sch.kv.num_blocks
         waiting = len(sch.waiting)
@@ -1190,9 +1197,9 @@ class _Run:
 def _plan_takes_step(plan, j: int) -> bool:
     """Whether step ``j`` of the stretch may be taken as planned: within its steps, before
     any finish it does not cover (every request finished by then has left the batch),
-    the batch the one before's, and no waiting head looked up at each step."""
-    return (j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
-            and plan.head_lookup is None)
+    and the batch the one before's. (A waiting head's lookup at step ``j`` is the
+    scheduler's: the stretch accounts those of the steps before.)"""
+    return j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
 
 
 def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,

@@ -75,6 +75,12 @@ class LeapPlan:
     #: k, ``finishing(plan, k)``)
     bounds: list[int]
     segs: dict
+    #: (async) the stretch is step 0 and the first completion, at which the requests in
+    #: ``leaving`` finish and their blocks may admit the waiting head: step 1's decodes
+    #: are planned (their blocks counted) for the engine to take with the waiting queue
+    #: scheduled after them (``Scheduler.schedule_after_decodes``), and step 0's lookup
+    #: of the head is the only one the stretch accounts
+    admits_next: bool = False
 
 
 def steady_decode(sch: Scheduler, in_flight: Batch | None) -> bool:
@@ -101,37 +107,44 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     one step in flight is ``in_flight``'s, in the same order) and gathers their counters,
     the completions the stretch may apply and the step at which each starts its next
     block. (Async) a request whose step in flight is its last leaves at the first
-    completion (where nothing waits: its blocks freed could admit a request). With
-    ``may_finish`` (async, nothing waiting, no request releasing another) requests may
-    finish at any completion of the stretch, the batch shrinking, while one stays. The
-    plan covers ``step_cap`` completions at most, the steps that timing will likely
-    allow (any bound is exact: a shorter stretch is followed by another; a plan's block
-    and finish tables are as long as it is)."""
+    completion. With ``may_finish`` (async, no request releasing another) requests may
+    finish at any completion of the stretch where nothing waits, the batch shrinking,
+    while one stays; with a waiting queue, through the first finish past step 0 (the head
+    checked at the steps whose budget or free blocks change), the step after it left to
+    the engine (``LeapPlan.admits_next``). The plan covers ``step_cap`` completions at
+    most, the steps that timing will likely allow (any bound is exact: a shorter stretch
+    is followed by another; a plan's block and finish tables are as long as it is)."""
     head_hit = _head_hit(sch)
     if head_hit is False or _short_of_blocks(sch):
         return None
     running = sch.running
-    if head_hit is not None and in_flight is not None and _head_in_after_leaving(sch, head_hit):
-        return None
-    general = may_finish and sch.async_scheduling and not sch.waiting
-    counters = _steady_counters(sch, in_flight, general, step_cap)
+    waiting = sch.waiting
+    general = may_finish and sch.async_scheduling and not waiting
+    # (async, a queue whose head a step looks at) through the first finish past step 0
+    to_first_finish = (may_finish and sch.async_scheduling and waiting
+                       and sch.budget > len(running) and len(running) < sch.max_num_seqs)
+    counters = _steady_counters(sch, in_flight, general, step_cap, to_first_finish)
     if counters is None:
         return None
-    computed0, output0, firsts, drops, max_completions = counters
+    computed0, output0, firsts, drops, max_completions, first_drop = counters
     leaving = [i for i, d in enumerate(drops) if d == 0] if drops is not None else []
+    finishes = general or to_first_finish  # (requests may finish past the first completion)
+    if finishes:
+        freed_at = _freed_at(sch, firsts, drops, max_completions)
     if general:
         freed = []
-        freed_at = _freed_at(sch, firsts, drops, max_completions)
     else:
         freed = _freed_blocks(sch, [running[i] for i in leaving])
-        freed_at = [0, len(freed)]
+        if not finishes:
+            freed_at = [0, len(freed)]
     # (only where requests may finish past the first completion do their blocks stop)
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
-                                                drops if general else None, freed_at)
+                                                drops if finishes else None, freed_at)
     if max_steps < 2:
         return None  # (see below)
+    # (the batch shrinks only where requests may finish past the first completion)
+    bounds = sorted({d for d in drops if 0 < d < max_completions}) if finishes else []
     head_lookup = None
-    waiting = sch.waiting
     stay = len(running) - len(leaving)
     budget_left = sch.budget - stay
     free0 = sch.kv.num_free
@@ -142,22 +155,39 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
         max_steps, head_lookup = _bound_by_waiting_head(sch, head, budget_left, max_steps,
                                                         pops_through, free0, computed0, output0,
                                                         freed, head_hit)
-    if max_steps < 2:
+        if to_first_finish and bounds and max_steps > first_drop and _head_admissible(
+                sch, head, head_hit, free0 + len(freed) - pops_through[first_drop],
+                sch.budget - sum(d > first_drop for d in drops)):
+            # the requests finishing next are not in step first_drop: its budget is larger
+            max_steps = first_drop
+    admits_next = False
+    if max_steps == 1 and leaving and first_drop >= 2 and not general:
+        # The head may get in at step 1, once the leaving requests free their blocks (or
+        # its hit may change there): step 0 and the first completion, then step 1's
+        # decodes (the blocks counted allow two steps), the queue scheduled after them.
+        # (Two steps stepped cost more than this stretch.)
+        max_steps, max_completions, admits_next, bounds = 2, 1, True, []
+    elif max_steps < 2:
         # (a stretch of one step costs more to plan and apply than to step)
         return None
-    # (the batch shrinks only where requests may finish past the first completion)
-    bounds = sorted({d for d in drops if 0 < d < max_completions}) if general else []
+    elif (to_first_finish and bounds and max_completions == first_drop + 1
+          and max_steps == first_drop + 2 and first_drop + 1 not in drops):
+        # The requests finishing at the last completion may let the head in at the step
+        # after it: where the stretch gets there, that step's decodes are taken (all the
+        # requests left, their blocks counted), the queue scheduled after them.
+        admits_next = True
     return LeapPlan(max_steps, max_completions, computed0, output0, firsts, pops, pops_through,
-                    free0, head_lookup, leaving, freed_at, drops, bounds, {})
+                    free0, head_lookup, leaving, freed_at, drops, bounds, {}, admits_next)
 
 
 def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
-                     step_cap: int = NEVER):
+                     step_cap: int = NEVER, to_first_finish: bool = False):
     """``plan_leap``'s pass over the running requests: None unless each is in steady
     decode; else their computed and output counters, the step at which each starts its
     next block, (async) the step each is dropped from, and the completions the stretch
     may apply: before the first finish of a request in step 0 (``general``: before the
-    last request finishes)."""
+    last request finishes; ``to_first_finish``: through that finish), and (async) the
+    first step from which a request in step 0 is dropped (else NEVER)."""
     running = sch.running
     ph = 1 if sch.async_scheduling else 0
     if ph and in_flight.requests != running:  # (Requests compare by identity)
@@ -199,29 +229,18 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
                     firsts[i] = NEVER
         else:
             max_completions = min(drops)
+        first_drop = max_completions
         if general and step_cap > max_completions:
             max_completions = max(drops)
+        elif to_first_finish and step_cap > max_completions < max(drops):
+            max_completions += 1  # (a request stays in the step after)
     else:
-        max_completions = min(lasts)
+        max_completions = first_drop = min(lasts)
     if max_completions > step_cap:
         max_completions = step_cap
     if max_completions < 1 or min(firsts) < 0:
         return None
-    return computed0, output0, firsts, drops, max_completions
-
-
-def _head_in_after_leaving(sch: Scheduler, hit: list[int]) -> bool:
-    """(Async, the waiting head tried at each step) Whether the head would be admitted at
-    step 1, once the requests whose step in flight is their last have left: the plan's
-    bound (``_bound_by_waiting_head``) with fewer free blocks (each request that stays
-    taking one in steps 0 and 1): no stretch, found without the plan's pass. (Only a
-    shortcut: a stretch refused is stepped, with the same results.)"""
-    leaving = [r for r in sch.running if r.output_len - r.num_output == 1]
-    if not leaving or sch.kv.block_size < 2:
-        return False
-    stay = len(sch.running) - len(leaving)
-    free = sch.kv.num_free + len(_freed_blocks(sch, leaving)) - stay
-    return _head_admissible(sch, sch.waiting[0], hit, free, sch.budget - stay)
+    return computed0, output0, firsts, drops, max_completions, first_drop
 
 
 def _short_of_blocks(sch: Scheduler) -> bool:
@@ -305,15 +324,21 @@ def _freed_at(sch: Scheduler, firsts: list[int], drops: list[int], max_completio
     """Blocks freed at each completion up to ``max_completions`` (index k: the k-th)
     by the requests finishing there (in running order, as ``Scheduler.complete``): those
     of its blocks no other request holds, and every block it takes in the stretch."""
-    bs = sch.kv.block_size
-    ref = sch.kv.ref
+    kv = sch.kv
+    bs = kv.block_size
+    ref = kv.ref
+    # (no block is shared without prefix caching, nor a private one: sim.kv_cache)
+    private = kv.private.get if kv.private is not None else None
+    caching = kv.enable_prefix_caching
     running = sch.running
     freed_at = [0] * (max_completions + 1)
     order = sorted([(d, i) for i, d in enumerate(drops) if d < max_completions])
     left: dict[int, int] = {}
     for d, i in order:
-        bids = running[i].block_ids
-        if not left and sum(map(ref.__getitem__, bids)) == len(bids):
+        r = running[i]
+        bids = r.block_ids
+        if not left and (not caching or (private is not None and not private(r.rid, 1))
+                         or sum(map(ref.__getitem__, bids)) == len(bids)):
             k = len(bids)  # (no block shared: each is freed)
         else:
             k = 0
@@ -399,7 +424,8 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
     never preempted), the stretch ends before the first step that evicts one of the
     head's cached blocks. Blocks ``freed`` at the first completion join the free ones
     once: the head is checked at step 1 too (its hit blocks among them counted as held,
-    which only makes it look more admissible)."""
+    which only makes it look more admissible); where it may get in then, the bound is
+    one step (``LeapPlan.admits_next``)."""
     kv = sch.kv
     bs = kv.block_size
     looked_up = head.num_computed == 0 and kv.enable_prefix_caching
@@ -411,7 +437,7 @@ def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
         return 0, None
     if freed and max_steps > 1 and _head_admissible(
             sch, head, hit, free0 + len(freed) - pops_through[1], budget):
-        return 1, None  # (a stretch of one step is not taken: nothing more to bound)
+        max_steps = 1  # (its lookup at step 0 still bounded and accounted below)
     if not looked_up:
         return max_steps, None
     accounted = not head.preemptions
@@ -507,7 +533,8 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: GapRuns) -> list[Batch]:
+               completion_ns: list[int], itl_sink: GapRuns,
+               lookups: int | None = None) -> list[Batch]:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
     return the batches of the steps still in flight, in step order. Sync: completion k is
@@ -515,7 +542,8 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     first completion is the step already in flight at the start, completion k step k-2's,
     so the last step is always in flight; with one step more than completions the last
     two are (the last one scheduled at the last completion: every request in it has two
-    tokens in flight)."""
+    tokens in flight). The waiting head's lookup is accounted for ``lookups`` steps
+    (default all; the caller schedules the waiting queue of a step it takes)."""
     running = sch.running
     done = len(completion_ns)
     sch.read_input(start_ns)  # (the first step's schedule)
@@ -523,8 +551,10 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     sch.preempted_last = []
     if plan.head_lookup is not None:
         hit_blocks, tokens = plan.head_lookup
-        sch.kv.hit_tokens += steps * hit_blocks * sch.kv.block_size
-        sch.kv.queried_tokens += steps * tokens
+        if lookups is None:
+            lookups = steps
+        sch.kv.hit_tokens += lookups * hit_blocks * sch.kv.block_size
+        sch.kv.queried_tokens += lookups * tokens
     if done:
         _emit_tokens(running, plan, steps, completion_ns, itl_sink)
     else:

@@ -451,3 +451,40 @@ def test_random_single_instance_cases_leap_exactly(seed):
     """Randomized single-instance cases (``_random_single_instance_case``): leaping on
     and off give byte-identical output."""
     _assert_same(*_random_single_instance_case(seed))
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_finish_that_admits_the_waiting_head_is_leapt(bundle_root, monkeypatch, caching):
+    """Async scheduling, a pool too small for the queue: a stretch runs through the first
+    finish past its first step (the batch shrinking there) and, at that completion, takes
+    the next step's decodes, the scheduler adding the waiting queue to them; where a
+    request's step in flight is its last and its blocks may let the head in at step 1,
+    the stretch is step 0, that completion and step 1's decodes. So the engine schedules
+    almost no step itself (it was two per finish: the one before it and the one that
+    admits the head) and a finish costs about one stretch; the output is unchanged."""
+    calls = []
+    after_decodes = sim.scheduler.Scheduler.schedule_after_decodes
+    schedule = sim.scheduler.Scheduler.schedule
+
+    def counting_after_decodes(self, decodes, now):
+        calls.append("after_decodes")
+        return after_decodes(self, decodes, now)
+
+    def counting_schedule(self, now):
+        calls.append("schedule")
+        return schedule(self, now)
+
+    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule_after_decodes",
+                        counting_after_decodes)
+    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule", counting_schedule)
+    steps = _count_leaps(monkeypatch)
+    wl = sim.Workload([Request(i, 0, 150 + 9 * i, 60 + 17 * (i % 7)) for i in range(30)],
+                      source="<test>")
+    cluster = sim.parse_cluster(cluster_dict(120))
+    opts = opts_for(bundle_root, async_scheduling=True, enable_prefix_caching=caching)
+    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
+    calls.clear()
+    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    # 30 finishes, 7 preemptions; ~700 steps in all
+    assert calls.count("after_decodes") >= 20 and calls.count("schedule") <= 15
+    assert len(steps) <= 30 + 10
