@@ -81,6 +81,21 @@ def workloads(draw, max_requests=24, max_input=600, max_output=120, shared_prefi
     return sim.Workload(reqs, source="<hypothesis>")
 
 
+def _count_calls(monkeypatch, **labels) -> list[str]:
+    """Wrap each Scheduler method named in ``labels`` so that a call appends its label to
+    the list returned."""
+    calls: list[str] = []
+    for name, label in labels.items():
+        original = getattr(sim.scheduler.Scheduler, name)
+
+        def counting(self, *args, _original=original, _label=label):
+            calls.append(_label)
+            return _original(self, *args)
+
+        monkeypatch.setattr(sim.scheduler.Scheduler, name, counting)
+    return calls
+
+
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(wl=workloads(), kv_tokens=st.sampled_from([760, 1440, 6400]), instances=st.sampled_from([1, 1, 2]),
@@ -360,19 +375,7 @@ def test_stretch_runs_into_the_step_an_arrival_waits_for(bundle_root, monkeypatc
     step fewer itself and retires one fewer (async: none but the admitting steps, which
     the next stretches start from); the output is unchanged, also with the simulated
     time cut short inside a stretch."""
-    calls = []
-    complete, schedule = sim.scheduler.Scheduler.complete, sim.scheduler.Scheduler.schedule
-
-    def counting_complete(self, batch, now, itl_sink):
-        calls.append("complete")
-        return complete(self, batch, now, itl_sink)
-
-    def counting_schedule(self, now):
-        calls.append("schedule")
-        return schedule(self, now)
-
-    monkeypatch.setattr(sim.scheduler.Scheduler, "complete", counting_complete)
-    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule", counting_schedule)
+    calls = _count_calls(monkeypatch, complete="complete", schedule="schedule")
     wl = sim.Workload([Request(i, i * 40_000_000 + 1, 200 + 13 * i, 400) for i in range(16)],
                       source="<test>")
     cluster = sim.parse_cluster(cluster_dict(400))
@@ -462,21 +465,8 @@ def test_finish_that_admits_the_waiting_head_is_leapt(bundle_root, monkeypatch, 
     the stretch is step 0, that completion and step 1's decodes. So the engine schedules
     almost no step itself (it was two per finish: the one before it and the one that
     admits the head) and a finish costs about one stretch; the output is unchanged."""
-    calls = []
-    after_decodes = sim.scheduler.Scheduler.schedule_after_decodes
-    schedule = sim.scheduler.Scheduler.schedule
-
-    def counting_after_decodes(self, decodes, now):
-        calls.append("after_decodes")
-        return after_decodes(self, decodes, now)
-
-    def counting_schedule(self, now):
-        calls.append("schedule")
-        return schedule(self, now)
-
-    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule_after_decodes",
-                        counting_after_decodes)
-    monkeypatch.setattr(sim.scheduler.Scheduler, "schedule", counting_schedule)
+    calls = _count_calls(monkeypatch, schedule_after_decodes="after_decodes",
+                         schedule="schedule")
     steps = _count_leaps(monkeypatch)
     wl = sim.Workload([Request(i, 0, 150 + 9 * i, 60 + 17 * (i % 7)) for i in range(30)],
                       source="<test>")
