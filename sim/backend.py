@@ -169,10 +169,11 @@ def _rising(points) -> tuple[tuple[int, float], ...]:
 
 
 def measured_collectives(hardware: str, network, ranks: int) -> dict[str, MeasuredCurve]:
-    """The measured collectives among ``ranks`` cards of ``hardware``, where ``network`` (a
-    group's sim.topology.Topology) is one dimension of ``ranks`` NPUs on the catalogue's
-    intra-node link: the group sits in one node and no cluster file gave the link (a
-    file's link is LLMServingSim's input to ASTRA-Sim, and the collectives run on it).
+    """The measured collectives among ``ranks`` cards of ``hardware``, where ``network``'s
+    first dimension (a DP group's network, or a TP instance's within its node) holds them
+    on the catalogue's intra-node link: they sit in one node and no cluster file gave the
+    link (a file's link is LLMServingSim's input to ASTRA-Sim, and the collectives run on
+    it).
     Keys: the catalogue's ``nccl_us`` ops at that GPU count (NCCL's all_gather and
     reduce_scatter, read at the whole buffer's bytes), ``vllm_all_reduce`` (vLLM's own
     all-reduce at that count, ``vllm_all_reduce_us``, held non-decreasing as
@@ -188,8 +189,8 @@ def measured_collectives(hardware: str, network, ranks: int) -> dict[str, Measur
         hw = load_hardware(hardware)
     except InputError:
         return {}
-    dims = network.dims
-    if len(dims) != 1 or dims[0].npus != ranks or dims[0].link != physical_intra_node_link(hw):
+    dim = network.dims[0]
+    if dim.npus < ranks or dim.link != physical_intra_node_link(hw):
         return {}
     out = {}
     for op, by_ranks in hw.nccl_us.items():

@@ -283,21 +283,28 @@ class MoEWave:
         key = (id(inst.network), inst.tp, inst.pp, tokens)
         t = self._tp_swap.get(key)
         if t is None:
-            from sim.backend import custom_all_reduce_below, measured_all_reduce
+            from sim.backend import (custom_all_reduce_below, measured_all_reduce,
+                                     measured_collectives)
             from sim.graph_generator import tp_all_reduce
 
             row = inst.model.hidden_size * inst.model.dtype_bytes
+            share = -(-tokens // inst.tp) * row
             involved = [True] + [False] * (len(inst.network.dims) - 1)
-            # the all-reduce as the step runs it
+            # the all-reduce as the step runs it; the all-gather at NCCL's measured time
+            # on the catalogue's link (read at the whole gathered buffer), else the link's
             one_shot, curve = custom_all_reduce_below(inst), measured_all_reduce(inst)
+            gather = measured_collectives(inst.config.hardware, inst.network,
+                                          inst.tp).get("all_gather")
             ar, ag = {}, {}
             for r in range(inst.tp):
                 b = GraphBuilder(r)
                 tp_all_reduce(b, tokens * row, involved, one_shot, "tp_all_reduce", curve)
                 ar[r] = b.build()
                 b = GraphBuilder(r)
-                b.all_gather(-(-tokens // inst.tp) * row, involved_dim=involved,
-                             name="sp_moe_all_gather")
+                if gather is not None:
+                    b.comp(gather.ns(share * inst.tp), name="sp_moe_all_gather")
+                else:
+                    b.all_gather(share, involved_dim=involved, name="sp_moe_all_gather")
                 ag[r] = b.build()
             t = self._tp_swap[key] = (self.backend.run_graphs(inst.network, ag, name="sp_ag")
                                       - self.backend.run_graphs(inst.network, ar, name="tp_ar"))

@@ -654,6 +654,22 @@ def test_sequence_parallel_swap_replaces_the_all_reduce_the_step_runs():
     s.close()
 
 
+def test_sequence_parallel_all_gather_on_the_catalogue_link_is_nccls():
+    # On the catalogue's NVLink the TP all-reduce the swap removes is vLLM's measured one
+    # and the all-gather it adds NCCL's (the link model's ~1 us would have made sequence-
+    # parallel MoE look several microseconds a layer cheaper than it is).
+    from sim.backend import measured_all_reduce
+    from sim.hardware import load_hardware
+
+    s, _ = _wave(_without_link(_cluster(tp=2, ep=4)))
+    lead = s.instances[0]
+    row = lead.model.hidden_size * lead.model.dtype_bytes
+    gather = _read_curve(load_hardware("H100-SXM").nccl_us["all_gather"][2], 2 * 32 * row)
+    reduce = measured_all_reduce(lead).ns(64 * row) / 1e3
+    assert s.moe_wave._tp_swap_ns(lead, 64) == pytest.approx((gather - reduce) * 1e3, abs=3)
+    s.close()
+
+
 def test_aic_replay_of_the_real_dp2_ep2_run_models_each_rank_s_own_experts():
     # aiconfigurator's data, not the run's bundle. Before, each EP rank's MoE was
     # aiconfigurator's estimate for all 128 experts at the rank's tokens (its engine was
