@@ -33,7 +33,6 @@ calibration) 0.77-1.09 at 2 GPUs. The simulator now takes NCCL's times (1.00).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sim  # noqa: E402
 from sim.backend import AstraInprocBackend, MeasuredCurve  # noqa: E402
 from sim.engine import Simulator  # noqa: E402
+from sim.latency.aic import aic_system_data  # noqa: E402
 from sim.moe_wave import exchange_graphs  # noqa: E402
 from sim.topology import group_topology  # noqa: E402
 
@@ -58,19 +58,14 @@ def nccl_table(hardware: str):
     """(version, {(op, gpus): (sizes in elements, ms)}) of NCCL's half-precision
     all-gather and reduce-scatter on the card's aiconfigurator system (its newest NCCL
     version), or None without the data."""
-    if importlib.util.find_spec("aiconfigurator_core") is None:
-        return None
-    import aiconfigurator_core
-    import pandas as pd
-
-    from sim.latency.aic import HARDWARE_TO_SYSTEM
-
-    root = (Path(aiconfigurator_core.__file__).parent / "systems" / "data"
-            / str(HARDWARE_TO_SYSTEM.get(hardware)) / "comm" / "nccl")
-    versions = sorted((p for p in root.glob("*/nccl_perf.parquet")),
-                      key=lambda p: tuple(int(x) for x in p.parent.name.split(".")))
+    root = aic_system_data(hardware)
+    versions = [] if root is None else sorted(
+        root.glob("comm/nccl/*/nccl_perf.parquet"),
+        key=lambda p: tuple(int(x) for x in p.parent.name.split(".")))
     if not versions:
         return None
+    import pandas as pd
+
     df = pd.read_parquet(versions[-1])
     df = df[(df["nccl_dtype"] == "half") & df["op_name"].isin(OPS)]
     out = {}

@@ -31,7 +31,6 @@ graph curve for every step.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -45,6 +44,7 @@ from sim.backend import (AstraInprocBackend, MeasuredCurve,  # noqa: E402
                          custom_all_reduce_below, measured_all_reduce)
 from sim.engine import build_instances  # noqa: E402
 from sim.graph_generator import tp_all_reduce  # noqa: E402
+from sim.latency.aic import aic_system_data  # noqa: E402
 
 HIDDEN = 5120            # Qwen3-32B: its sizes fall between the measured ones
 TOKENS = (1, 8, 64, 256, 1024, 2048, 8192)
@@ -54,18 +54,12 @@ HARDWARE = ("H100-SXM", "H200-SXM", "B200", "RTXPRO6000")
 def vllm_table(hardware: str):
     """{(kernel_source, gpus): (sizes in elements, ms)} of vLLM 0.19.0's all-reduce on the
     card's aiconfigurator system, or None without the data."""
-    if importlib.util.find_spec("aiconfigurator_core") is None:
+    root = aic_system_data(hardware)
+    path = None if root is None else root / "comm/vllm/0.19.0/custom_allreduce_perf.parquet"
+    if path is None or not path.is_file():
         return None
-    import aiconfigurator_core
     import pandas as pd
 
-    from sim.latency.aic import HARDWARE_TO_SYSTEM
-
-    system = HARDWARE_TO_SYSTEM.get(hardware)
-    path = (Path(aiconfigurator_core.__file__).parent / "systems" / "data" / str(system)
-            / "comm" / "vllm" / "0.19.0" / "custom_allreduce_perf.parquet")
-    if not path.is_file():
-        return None
     df = pd.read_parquet(path)
     out = {}
     for (kind, gpus), g in df.groupby(["kernel_source", "num_gpus"]):

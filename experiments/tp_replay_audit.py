@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-from dataclasses import replace
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import sim

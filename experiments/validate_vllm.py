@@ -154,7 +154,6 @@ UNMODELLED = (
 )
 
 
-
 def _recorded(meta: dict, section: str, field: str | None, kwarg: str):
     """(found, value) of one engine setting: the resolved config's, else the engine
     argument's, else meta.json's kv_cache summary's."""

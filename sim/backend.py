@@ -124,18 +124,22 @@ class MeasuredCurve:
     points: tuple[tuple[int, float], ...]
 
     def ns(self, size_bytes: int) -> int:
-        """The time at ``size_bytes``: interpolated between the measured sizes on log-log
-        axes; the smallest size's time below them; above them, the last stretch's
-        bandwidth."""
-        pts = self.points
-        if size_bytes <= pts[0][0]:
-            return int(pts[0][1] * 1e3)
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if size_bytes <= b1:
-                f = math.log(size_bytes / b0) / math.log(b1 / b0)
-                return int(t0 * (t1 / t0) ** f * 1e3)
-        (b0, t0), (b1, t1) = pts[-2], pts[-1]
-        return int((t1 + (size_bytes - b1) * (t1 - t0) / (b1 - b0)) * 1e3)
+        """The time at ``size_bytes`` (:func:`interpolate_log_log`), ns."""
+        return int(interpolate_log_log(self.points, size_bytes) * 1e3)
+
+
+def interpolate_log_log(points, x: float) -> float:
+    """A measured curve ``points`` ((size, time), sizes increasing) read at ``x``: between
+    the measured sizes on log-log axes; the smallest size's time below them; above them,
+    the last stretch's slope (its bandwidth)."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if x <= b1:
+            f = math.log(x / b0) / math.log(b1 / b0)
+            return t0 * (t1 / t0) ** f
+    (b0, t0), (b1, t1) = points[-2], points[-1]
+    return t1 + (x - b1) * (t1 - t0) / (b1 - b0)
 
 
 def measured_all_reduce(inst) -> MeasuredCurve | None:

@@ -22,10 +22,10 @@ and per-byte cost, which dominate, are the node's).
 
 from __future__ import annotations
 
-import math
 import re
 from functools import cache
-from pathlib import Path
+
+from sim.backend import interpolate_log_log
 
 #: vLLM 0.19's DeepEP high-throughput kernels run on this many SMs (its DeepEP manager)
 VLLM_DEEPEP_HT_SMS = 20
@@ -40,26 +40,19 @@ FILES = {"deepep_low_latency": "wideep_deepep_ll_perf.parquet",
 
 @cache
 def _tables(hardware: str, kind: str) -> dict | None:
-    """{(hidden, topk, experts): (tokens, dispatch us, combine us)} of ``kind`` on the
-    card, from the newest aiconfigurator SGLang version that measured it; None without
-    the data (aiconfigurator-core absent, or not this card)."""
-    import importlib.util
-    if importlib.util.find_spec("aiconfigurator_core") is None:
-        return None
-    import aiconfigurator_core
-    import pandas as pd
+    """{(hidden, topk, experts): (dispatch curve, combine curve)} of ``kind`` on the card,
+    each ((tokens, us), ...), from the newest aiconfigurator SGLang version that measured
+    it; None without the data (aiconfigurator-core absent, or not this card)."""
+    from sim.latency.aic import aic_system_data
 
-    from sim.hardware import load_hardware
-    from sim.latency.aic import HARDWARE_TO_SYSTEM
-
-    system = HARDWARE_TO_SYSTEM.get(load_hardware(hardware).name)
-    if system is None:
-        return None
-    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system
-    files = sorted(root.glob(f"comm/sglang/*/{FILES[kind]}"),
-                   key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)])
+    root = aic_system_data(hardware)
+    files = [] if root is None else sorted(
+        root.glob(f"comm/sglang/*/{FILES[kind]}"),
+        key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.name)])
     if not files:
         return None
+    import pandas as pd
+
     df = pd.read_parquet(files[-1])
     if kind == "deepep_low_latency":
         dispatch, combine = df["dispatch_avg_t_us"], df["combine_avg_t_us"]
@@ -72,22 +65,10 @@ def _tables(hardware: str, kind: str) -> dict | None:
     out = {}
     for shape, g in df.groupby(["hidden_size", "num_topk", "num_experts"]):
         g = g.sort_values("num_token")
-        out[tuple(int(x) for x in shape)] = (tuple(int(t) for t in g["num_token"]),
-                                             tuple(float(x) for x in g["dispatch"]),
-                                             tuple(float(x) for x in g["combine"]))
+        tokens = [int(t) for t in g["num_token"]]
+        out[tuple(int(x) for x in shape)] = tuple(
+            tuple(zip(tokens, (float(x) for x in g[col]))) for col in ("dispatch", "combine"))
     return out
-
-
-def _read(tokens_axis: tuple, times: tuple, tokens: float) -> float:
-    """``times`` at ``tokens``: log-log between measured token counts, the smallest
-    count's time below them, the last stretch's slope per token above them."""
-    if tokens <= tokens_axis[0]:
-        return times[0]
-    for t0, t1, y0, y1 in zip(tokens_axis, tokens_axis[1:], times, times[1:]):
-        if tokens <= t1:
-            return y0 * (y1 / y0) ** (math.log(tokens / t0) / math.log(t1 / t0))
-    t0, t1, y0, y1 = tokens_axis[-2], tokens_axis[-1], times[-2], times[-1]
-    return y1 + (tokens - t1) * (y1 - y0) / (t1 - t0)
 
 
 def deepep_exchange_ns(hardware: str, kind: str, hidden: int, topk: int, experts: int,
@@ -100,13 +81,13 @@ def deepep_exchange_ns(hardware: str, kind: str, hidden: int, topk: int, experts
     row = None if tables is None else tables.get((hidden, topk, experts))
     if row is None or tokens <= 0:
         return None
-    axis, dispatch, combine = row
+    dispatch, combine = row
     # the FP8 token count that moves the same bytes as a dispatch of n tokens
     fp8_bytes = hidden + hidden // FP8_SCALE_GROUP * 4
     scale = hidden * dispatch_bytes / fp8_bytes if dispatch_bytes > 1 else 1.0
 
     def call(n: int) -> float:
-        return _read(axis, dispatch, n * scale) + _read(axis, combine, n)
+        return interpolate_log_log(dispatch, n * scale) + interpolate_log_log(combine, n)
 
     if kind != "deepep_low_latency":
         return int(call(tokens) * 1e3)

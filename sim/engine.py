@@ -1195,10 +1195,10 @@ class _Run:
 
 
 def _plan_takes_step(plan, j: int) -> bool:
-    """Whether step ``j`` of the stretch may be taken as planned: within its steps, before
-    any finish it does not cover (every request finished by then has left the batch),
-    and the batch the one before's. (A waiting head's lookup at step ``j`` is the
-    scheduler's: the stretch accounts those of the steps before.)"""
+    """Whether step ``j`` of the stretch may be taken as planned: within its steps and
+    before any finish it does not cover, so that its batch is the step before's less the
+    requests finished by then. (A waiting head's lookup at step ``j`` is the scheduler's:
+    the stretch accounts those of the steps before.)"""
     return j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
 
 

@@ -129,14 +129,9 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     computed0, output0, firsts, drops, max_completions, first_drop = counters
     leaving = [i for i, d in enumerate(drops) if d == 0] if drops is not None else []
     finishes = general or to_first_finish  # (requests may finish past the first completion)
-    if finishes:
-        freed_at = _freed_at(sch, firsts, drops, max_completions)
-    if general:
-        freed = []
-    else:
-        freed = _freed_blocks(sch, [running[i] for i in leaving])
-        if not finishes:
-            freed_at = [0, len(freed)]
+    freed = [] if general else _freed_blocks(sch, [running[i] for i in leaving])
+    freed_at = (_freed_at(sch, firsts, drops, max_completions) if finishes
+                else [0, len(freed)])
     # (only where requests may finish past the first completion do their blocks stop)
     pops, pops_through, max_steps = _block_pops(sch, firsts, max_completions + 1,
                                                 drops if finishes else None, freed_at)
@@ -232,7 +227,7 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
         first_drop = max_completions
         if general and step_cap > max_completions:
             max_completions = max(drops)
-        elif to_first_finish and step_cap > max_completions < max(drops):
+        elif to_first_finish and max_completions < min(step_cap, max(drops)):
             max_completions += 1  # (a request stays in the step after)
     else:
         max_completions = first_drop = min(lasts)

@@ -183,11 +183,9 @@ class MoEWave:
         #: sharded over dp * tp ranks); raises InputError when none covers it
         self.flat_provider = flat_provider
         self._exchange: dict[tuple, int] = {}
-        #: (member instance ids, npus) -> Topology: a group's network is fixed for a run
-        self._networks: dict[tuple, object] = {}
-        #: the same key -> the group's measured collectives (sim.backend.
-        #: measured_collectives), None where its network is not the catalogue's link
-        self._measured: dict[tuple, dict | None] = {}
+        #: (member instance ids, npus) -> (Topology, the measured collectives on it or None:
+        #: sim.backend.measured_collectives): a group's network is fixed for a run
+        self._networks: dict[tuple, tuple] = {}
         self._tp_swap: dict[tuple, int] = {}
         self._flat: dict[tuple, object] = {}
         #: when a list, every wave's WaveStep is appended (for breakdown reports)
@@ -324,12 +322,14 @@ class MoEWave:
         hidden = model.hidden_size * width
         logits = model.num_experts * width
         group = (tuple(m.config.instance_id for m in members), n)
-        network = self._networks.get(group)
-        if network is None:
-            network = self._networks[group] = self.network([m.config for m in members], n)
-            self._measured[group] = _exchange_curves(lead.config.hardware, network, n)
-        # the measured collectives of the group (on the catalogue's link), or None
-        curves = self._measured[group]
+        known = self._networks.get(group)
+        if known is None:
+            from sim.backend import measured_collectives
+
+            network = self.network([m.config for m in members], n)
+            known = self._networks[group] = (
+                network, measured_collectives(lead.config.hardware, network, n) or None)
+        network, curves = known
         measured = None if curves is None else lead.config.hardware
         if kind == "allgather_reducescatter":
             # all_gatherv of (hidden states, router logits); reduce_scatterv of the outputs
@@ -391,14 +391,6 @@ def _deepep_ns(inst, kind: str, tokens: int) -> int:
     t = deepep_exchange_ns(inst.config.hardware, kind, model.hidden_size,
                            model.num_experts_per_tok, model.num_experts, tokens, width)
     return -1 if t is None else t
-
-
-def _exchange_curves(hardware: str, network, ranks: int) -> dict | None:
-    """The measured collectives among ``ranks`` cards of ``hardware`` on ``network``
-    (sim.backend.measured_collectives), or None without any."""
-    from sim.backend import measured_collectives
-
-    return measured_collectives(hardware, network, ranks) or None
 
 
 def exchange_graphs(kind: str, dp: int, tokens: list[int], hidden: int, logits: int,

@@ -96,6 +96,26 @@ def aic_version() -> str | None:
         return None
 
 
+def aic_system_data(hardware: str) -> Path | None:
+    """aiconfigurator-core's data folder for ``hardware``'s system (our name or an alias;
+    its measured per-op and communication tables lie under it), or None where the package
+    is not installed or has no system for the card. Nothing is imported from it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or spec.origin is None:
+        return None
+    system = HARDWARE_TO_SYSTEM.get(hardware)
+    if system is None:
+        from sim.hardware import load_hardware
+        try:
+            system = HARDWARE_TO_SYSTEM.get(load_hardware(hardware).name)
+        except InputError:
+            return None
+    folder = Path(spec.origin).parent / "systems" / "data" / str(system)
+    return folder if system is not None and folder.is_dir() else None
+
+
 @contextmanager
 def _quiet():
     """aiconfigurator logs a warning per fallback table it loads; keep the CLI clean."""

@@ -196,23 +196,26 @@ def test_catalogue_exchange_takes_nccls_measured_collectives():
 
 
 def _read_curve(points, nbytes):
-    """A (bytes, us) curve read on log-log axes between its points."""
-    import math
-    for (b0, t0), (b1, t1) in zip(points, points[1:]):
-        if b0 <= nbytes <= b1:
-            f = math.log(nbytes / b0) / math.log(b1 / b0)
-            return t0 * (t1 / t0) ** f
-    raise AssertionError(f"{nbytes} outside the curve")
+    """A (bytes, us) curve read as the simulator reads its measured curves."""
+    from sim.backend import interpolate_log_log
+
+    return interpolate_log_log(points, nbytes)
+
+
+def _l40s_group(members):
+    """A DP group of ``members`` one-GPU L40S ranks with expert parallelism over them, from
+    a cluster file without link values."""
+    return sim.parse_cluster({"num_nodes": 1, "nodes": [{
+        "num_instances": members, "instances": [
+            {"model_name": MOE, "hardware": "L40S", "num_npus": 1, "tp_size": 1,
+             "ep_size": members, "dp_group": "A"} for _ in range(members)]}]})
 
 
 def test_exchange_without_measured_curves_runs_on_the_link():
     # The L40S's 4-GPU NCCL curves are not catalogued (the measured node's bus bandwidth
     # was below a host-memory bounce): its DP4 exchange runs on the catalogue's PCIe link
     # through the switch, as a cluster file's link does; at 2 GPUs it takes NCCL's times.
-    cluster = sim.parse_cluster({"num_nodes": 1, "nodes": [{"num_instances": 4, "instances": [
-        {"model_name": MOE, "hardware": "L40S", "num_npus": 1, "tp_size": 1, "ep_size": 4,
-         "dp_group": "A"} for _ in range(4)]}]})
-    s, gate = _wave(cluster)
+    s, gate = _wave(_l40s_group(4))
     model = s.instances[0].model
     row = model.hidden_size * model.dtype_bytes
     logits = model.num_experts * model.dtype_bytes
@@ -226,10 +229,7 @@ def test_exchange_without_measured_curves_runs_on_the_link():
         graphs[r] = b.build()
     assert t == s.backend.run_graphs(net, graphs, name="moe_exchange")
     s.close()
-    two = sim.parse_cluster({**cluster.raw, "nodes": [{"num_instances": 2, "instances":
-                                                       cluster.raw["nodes"][0]["instances"][:2]}]})
-    two = sim.parse_cluster(json.loads(json.dumps(two.raw).replace('"ep_size": 4', '"ep_size": 2')))
-    s, gate = _wave(two)
+    s, gate = _wave(_l40s_group(2))
     from sim.hardware import load_hardware
     curves = load_hardware("L40S").nccl_us
     ag = _read_curve(curves["all_gather"][2], 2 * 512 * (row + logits))
@@ -690,23 +690,21 @@ def test_deepep_exchange_on_the_catalogue_link_takes_deepeps_measured_kernels():
     # bf16 dispatch; combine in bf16. About 10 us a call at one token where the link model
     # gave ~1 us, so DeepEP no longer looks several times cheaper than NCCL's collectives.
     pytest.importorskip("aiconfigurator_core", reason="needs the aic extra")
-    import aiconfigurator_core
     import pandas as pd
-    from pathlib import Path
 
-    from sim.deepep import _read
+    from sim.latency.aic import aic_system_data
 
-    path = next((Path(aiconfigurator_core.__file__).parent / "systems" / "data" / "h100_sxm"
-                 / "comm" / "sglang").glob("0.5.12/wideep_deepep_ll_perf.parquet"))
-    df = pd.read_parquet(path)
+    df = pd.read_parquet(aic_system_data("H100-SXM")
+                         / "comm/sglang/0.5.12/wideep_deepep_ll_perf.parquet")
     g = df[(df.hidden_size == 2048) & (df.num_topk == 8) & (df.num_experts == 128)]
     g = g.sort_values("num_token")
-    axis = tuple(g.num_token)
+    dispatch = tuple(zip(g.num_token, g.dispatch_avg_t_us))
+    combine = tuple(zip(g.num_token, g.combine_avg_t_us))
     s, gate = _wave(_without_link(_cluster()), OPTS.replace(all2all_backend="deepep_low_latency"))
+
     def call(tokens):
         as_fp8 = tokens * 2048 * 2 / (2048 + 2048 // 128 * 4)
-        return (_read(axis, tuple(g.dispatch_avg_t_us), as_fp8)
-                + _read(axis, tuple(g.combine_avg_t_us), tokens))
+        return _read_curve(dispatch, as_fp8) + _read_curve(combine, tokens)
 
     for tokens in (1, 128, 256):
         assert s.moe_wave._exchange_ns(s.instances, [tokens, tokens]) == pytest.approx(
