@@ -121,8 +121,10 @@ class Step:
             self.prefill_work -= n * (2 * k + n)
         return n
 
-    def batch(self, tier_bytes: int) -> Batch:
-        """The scheduled step, with ``tier_bytes`` of prefix hits to load first."""
+    def batch(self, tier_bytes: int, decoded: BatchShape | None = None) -> Batch:
+        """The scheduled step, with ``tier_bytes`` of prefix hits to load first.
+        ``decoded``: the shape of decodes that joined the step without being listed in
+        ``decode_kv`` (``Scheduler.schedule_after_decodes``), whose KV sums are added."""
         decode_kv = self.decode_kv
         n_dec = len(decode_kv)
         prefill_tokens = self.prefill_tokens
@@ -131,6 +133,15 @@ class Step:
             kv_sq = sum(map(mul, decode_kv, decode_kv))
         else:
             kv_sum = kv_max = kv_min = kv_sq = 0
+        if decoded is not None and decoded.num_decode:
+            if n_dec:
+                kv_max = max(kv_max, decoded.decode_kv_max)
+                kv_min = min(kv_min, decoded.decode_kv_min)
+            else:
+                kv_max, kv_min = decoded.decode_kv_max, decoded.decode_kv_min
+            n_dec += decoded.num_decode
+            kv_sum += decoded.decode_kv_sum
+            kv_sq += decoded.decode_kv_sq_sum
         shape = BatchShape(prefill_tokens + n_dec, len(self.reqs), prefill_tokens,
                            self.prefill_kv, n_dec, kv_sum, kv_max, kv_min, self.prefill_work,
                            kv_sq)
@@ -444,15 +455,17 @@ class Scheduler:
         step, ``sim.leap``; nothing preempted): the waiting queue is scheduled after it."""
         self.read_input(now)
         step = Step(self.async_scheduling)
-        reqs = step.reqs = list(decodes.requests)
+        # (the leap's batch of that step is its own: it is not kept elsewhere)
+        reqs = step.reqs = decodes.requests
         n = len(reqs)
         step.news = [1] * n
         step.samples = [True] * n
-        step.decode_kv = [r.num_computed - 1 for r in reqs]
         tier_bytes = 0
         if self.waiting or self.receiving:
             tier_bytes = self._schedule_waiting(now, step, self.budget - n)
-        return step.batch(tier_bytes)
+        # the decodes' KV lengths are the leap's step shape (each r.num_computed - 1);
+        # decode_kv lists only requests the waiting queue adds as decodes
+        return step.batch(tier_bytes, decodes.shape)
 
     def complete(self, batch: Batch, now: int, itl_sink: GapRuns) -> list[Request]:
         """Apply a finished step: emit sampled tokens, retire finished requests."""
