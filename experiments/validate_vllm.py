@@ -86,17 +86,20 @@ def simulate_validation(folder: Path, latency_provider: str = "measured",
 
 def run_validation(folder: Path, latency_provider: str = "measured",
                    async_scheduling: bool | None = None, kv_blocks_from_run: bool = False,
-                   kv_blocks: int | None = None, **option_overrides):
+                   kv_blocks: int | None = None, cluster: sim.ClusterConfig | None = None,
+                   **option_overrides):
     """Replay one validation folder; returns (the simulator's RunResult, meta.json).
     The engine settings are the run's own (``run_settings``). ``async_scheduling`` None
     follows the run; ``kv_blocks_from_run`` replays with the KV block count vLLM logged
     (its num_gpu_blocks_override) instead of the count the simulator derives from memory;
-    ``kv_blocks`` replays with that many; ``option_overrides`` replace any other SimOptions
-    field (a test turns event leaping off to see every step)."""
+    ``kv_blocks`` replays with that many; ``cluster`` replaces the folder's cluster file
+    (a sensitivity study edits one of its values); ``option_overrides`` replace any other
+    SimOptions field (a test turns event leaping off to see every step)."""
     meta = load_meta(folder)
     kv = meta.get("kv_cache", {})
     dataset = shared_data_root() / meta["dataset_path"]
-    cluster = sim.load_cluster(cluster_file(folder))
+    if cluster is None:
+        cluster = sim.load_cluster(cluster_file(folder))
     settings = run_settings(meta)
     check_parallelism(meta, cluster, cluster_file(folder))
     if kv_blocks_from_run and kv.get("num_gpu_blocks"):
