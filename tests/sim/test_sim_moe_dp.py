@@ -733,3 +733,16 @@ def test_deepep_without_a_measurement_of_the_shape_runs_on_the_link(monkeypatch)
     assert s.moe_wave._exchange_ns(s.instances, [64, 64]) == s.backend.run_graphs(
         net, graphs, name="moe_exchange")
     s.close()
+
+
+def test_gate_per_rank_counts_are_each_ranks_range():
+    """Each EP rank's (assignments, activated experts) is read off its contiguous range of
+    the experts' counts, idle experts not activated."""
+    import numpy as np
+
+    from sim.gate import _per_rank
+
+    counts = np.array([0, 3, 0, 0, 5, 1, 0, 2], dtype=np.int64)
+    assert _per_rank(counts, 4) == [(3, 1), (0, 0), (6, 2), (2, 1)]
+    assert _per_rank(counts, 1) == [(11, 4)]
+    assert all(isinstance(v, int) for pair in _per_rank(counts, 2) for v in pair)

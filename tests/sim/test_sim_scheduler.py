@@ -333,3 +333,32 @@ def test_a_request_dropped_from_a_step_leaves_it_as_if_it_never_joined(async_, d
     assert got.shape == want.shape and got.samples == want.samples
     assert [r.rid for r in got.requests] == [r.rid for r in want.requests]
     assert got.num_new == want.num_new and got.tier_load_bytes == 7
+
+
+def test_step_batch_adds_a_given_decode_shape_as_if_its_decodes_were_listed():
+    """Scheduler.schedule_after_decodes hands Step.batch the leap's decode shape instead of
+    listing each decode's KV: the batch's shape must be the one the listed KVs give."""
+    from sim.latency.base import BatchShape
+    from sim.scheduler import Step
+
+    leap_kv, joined_kv = [700, 31, 4096], [12, 5000]
+
+    def listed(kvs):
+        step = Step(False)
+        step.decode_kv = list(kvs)
+        step.add_prefill(100, 300)
+        return step.batch(0).shape
+
+    s = sorted(leap_kv)
+    decoded = BatchShape(len(s), len(s), 0, 0, len(s), sum(s), s[-1], s[0], 0,
+                         sum(k * k for k in s))
+    for extra in ([], joined_kv):
+        step = Step(False)
+        step.decode_kv = list(extra)
+        step.add_prefill(100, 300)
+        got = step.batch(0, decoded).shape
+        want = listed(leap_kv + extra)
+        assert (got.num_tokens, got.num_decode, got.decode_kv_sum, got.decode_kv_max,
+                got.decode_kv_min, got.decode_kv_sq_sum) == (
+            want.num_tokens, want.num_decode, want.decode_kv_sum, want.decode_kv_max,
+            want.decode_kv_min, want.decode_kv_sq_sum)
