@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim  # noqa: E402
 from sim.paths import shared_data_root  # noqa: E402
-from validate_vllm import (CASES, METRICS, STATS, cluster_file, measured_stats,  # noqa: E402
-                           run_validation)
+from validate_vllm import (CASES, METRICS, STATS, cluster_file, error_table,  # noqa: E402
+                           measured_stats, run_validation, simulated_stats)
 
 CASE = "RTXPRO6000-Qwen3-30B-A3B-DP2-EP2"
 #: the cluster file's 16, LLMServingSim's two measured campaigns (15.92, 28.73), between
@@ -40,18 +40,24 @@ DEFAULT_BW = (15.92, 16.0, 18.0, 20.0, 22.0, 24.0, 28.73)
 DEFAULT_LATENCY_NS = (20000, 6600)
 
 
-def replay_errors(folder: Path, link_bw: float, link_latency_ns: float,
-                  measured: dict) -> dict[str, dict[str, float]]:
-    """Percent error of each statistic of the replay with the cluster file's link replaced."""
+def replay_stats(folder: Path, link_bw: float, link_latency_ns: float) -> dict:
+    """The replay's statistics (``simulated_stats``) with the cluster file's link replaced."""
     data = json.loads(cluster_file(folder).read_text())
     data["link_bw"], data["link_latency"] = link_bw, link_latency_ns
     cluster = sim.parse_cluster(data, source=f"{cluster_file(folder)} (link {link_bw} GB/s, "
                                 f"{link_latency_ns:g} ns)")
     result, _ = run_validation(folder, cluster=cluster)
-    s = result.summary
-    simulated = {"ttft": s["engine_ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["engine_latency_ms"]}
-    return {m: {st: 100.0 * (simulated[m][st] - measured[m][st]) / measured[m][st]
-                for st in STATS} for m in METRICS}
+    return simulated_stats(result.summary)
+
+
+def replay_errors(folder: Path, link_bw: float, link_latency_ns: float,
+                  measured: dict) -> dict[str, dict[str, float]]:
+    """Percent error of each statistic of the replay with the cluster file's link replaced."""
+    errors: dict[str, dict[str, float]] = {}
+    for m, st, _, _, err in error_table(measured, replay_stats(folder, link_bw,
+                                                               link_latency_ns)):
+        errors.setdefault(m, {})[st] = err
+    return errors
 
 
 def within(errors: dict, targets: tuple[float, float]) -> bool:

@@ -62,6 +62,14 @@ def measured_stats(requests_jsonl: Path) -> dict[str, dict[str, float]]:
     return {m: _stats(np.asarray(v) * 1e3) for m, v in zip(METRICS, (ttft, tpot, e2e))}
 
 
+def simulated_stats(summary: dict) -> dict[str, dict[str, float]]:
+    """A replay's statistics in ``measured_stats``' layout. Like for like: the real TTFT and
+    E2E count from queued_ts (the engine core reading the request between steps), so the
+    simulated ones count from the same event (the summary's engine_* values)."""
+    return {"ttft": summary["engine_ttft_ms"], "tpot": summary["tpot_ms"],
+            "e2e": summary["engine_latency_ms"]}
+
+
 def _stats(a: np.ndarray) -> dict[str, float]:
     if not a.size:  # (TPOT of a run whose outputs are all one token long)
         return dict.fromkeys(("mean", "p50", "p90", "p99"), float("nan"))
@@ -75,9 +83,7 @@ def simulate_validation(folder: Path, latency_provider: str = "measured",
                                   kv_blocks_from_run=kv_blocks_from_run)
     kv = meta.get("kv_cache", {})
     s = result.summary
-    # Like for like: the real TTFT/E2E count from queued_ts (the engine core reading the
-    # request between steps), so the simulated ones count from the same event.
-    simulated = {"ttft": s["engine_ttft_ms"], "tpot": s["tpot_ms"], "e2e": s["engine_latency_ms"]}
+    simulated = simulated_stats(s)
     info = {"wall_s": s["wall_s"], "kv_blocks_sim": s["kv_blocks"],
             "kv_blocks_vllm": kv.get("num_gpu_blocks"), "preemptions": s["preemptions"],
             "provider": s["latency_provider"]}

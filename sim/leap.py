@@ -458,7 +458,7 @@ def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[in
     lengthen the head's hit)."""
     bs = sch.kv.block_size
     for r, o0 in zip(sch.running, output0):
-        start = r.cached_hashes or 0
+        start = r.cached_hashes
         full = (r.input_len + o0 + steps) // bs
         hashes = r.block_hashes
         if full <= start or (start and (hashes is None or len(hashes) < start
@@ -528,8 +528,7 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
-               completion_ns: list[int], itl_sink: GapRuns,
-               lookups: int | None = None) -> list[Batch]:
+               completion_ns: list[int], itl_sink: GapRuns, lookups: int) -> list[Batch]:
     """Advance the scheduler by ``steps`` steps, the first scheduled at ``start_ns``, and
     ``len(completion_ns)`` completions (at those times), as step-by-step simulation would;
     return the batches of the steps still in flight, in step order. Sync: completion k is
@@ -537,8 +536,8 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     first completion is the step already in flight at the start, completion k step k-2's,
     so the last step is always in flight; with one step more than completions the last
     two are (the last one scheduled at the last completion: every request in it has two
-    tokens in flight). The waiting head's lookup is accounted for ``lookups`` steps
-    (default all; the caller schedules the waiting queue of a step it takes)."""
+    tokens in flight). The waiting head's lookup is accounted for ``lookups`` steps (the
+    timed ones: the caller schedules the waiting queue of a further step it takes)."""
     running = sch.running
     done = len(completion_ns)
     sch.read_input(start_ns)  # (the first step's schedule)
@@ -546,8 +545,6 @@ def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
     sch.preempted_last = []
     if plan.head_lookup is not None:
         hit_blocks, tokens = plan.head_lookup
-        if lookups is None:
-            lookups = steps
         sch.kv.hit_tokens += lookups * hit_blocks * sch.kv.block_size
         sch.kv.queried_tokens += lookups * tokens
     if done:
@@ -740,7 +737,7 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
             if caching:
                 known = r.input_len + o
                 m = c + 1 if c < known else known
-                if m // bs > (r.cached_hashes or 0):
+                if m // bs > r.cached_hashes:
                     cache_blocks(r, m)
         else:
             k = (phase + 1) // 2
@@ -750,7 +747,7 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
                 # its last completion: nothing in flight after this one
                 r.num_computed = computed0[i] + k - 1
                 c = computed0[i] + k - 1 + ph
-            if (c - ph) // bs > (r.cached_hashes or 0):
+            if (c - ph) // bs > r.cached_hashes:
                 cache_blocks(r, c - ph)
 
 
@@ -812,7 +809,7 @@ def _count_private(sch: Scheduler, plan: LeapPlan, deferred: list[int], steps: i
         m = computed0[i] + steps
         known = r.input_len + output0[i] + steps - 1
         full = (m if m < known else known) // bs
-        if full > (r.cached_hashes or 0):
+        if full > r.cached_hashes:
             r.cached_hashes = full
 
 
@@ -841,7 +838,7 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
         if kv.defers_private():
             get = kv.private.get
             fills = [i for i, r in enumerate(running)
-                     if (r.cached_hashes or 0) < get(r.rid, NONE_PRIVATE)]
+                     if r.cached_hashes < get(r.rid, NONE_PRIVATE)]
             if fills:
                 fill_set = set(fills)
                 deferred = [i for i in range(n - 1) if i not in fill_set]
@@ -880,7 +877,7 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
         r = running[i]
         # step j caches min(c0 + j + 1, known) tokens; both grow by one a step
         base = min(computed0[i] + 1, r.input_len + output0[i])
-        j = ((r.cached_hashes or 0) + 1) * bs - base
+        j = (r.cached_hashes + 1) * bs - base
         if j < steps:
             if j <= 0:
                 keys.append(i)

@@ -41,10 +41,15 @@ def _outputs(cluster, workload, opts) -> str:
                       sort_keys=True, default=repr)
 
 
-def _assert_same(cluster, workload, opts) -> None:
+def _assert_same(cluster, workload, opts, *counters: list) -> str:
+    """Leaping on gives the output of leaping off (returned). ``counters`` (the lists that
+    monkeypatched calls append to) are cleared in between: they count the leapt run's."""
     stepped = _outputs(cluster, workload, opts.replace(event_leaping=False))
+    for calls in counters:
+        calls.clear()
     leapt = _outputs(cluster, workload, opts.replace(event_leaping=True))
     assert leapt == stepped
+    return stepped
 
 
 def _count_leaps(monkeypatch) -> list[int]:
@@ -314,9 +319,7 @@ def test_async_arrival_costs_one_stepped_step(bundle_root, monkeypatch):
                       source="<test>")
     cluster = sim.parse_cluster(cluster_dict(400))
     opts = opts_for(bundle_root, async_scheduling=True)
-    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
-    calls.clear()
-    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    _assert_same(cluster, wl, opts, calls)
     # 16 admissions, a few steps more at the start and end; most steps leapt
     assert len(calls) <= 16 + 4 and sum(steps) >= 20 * len(calls)
 
@@ -380,9 +383,7 @@ def test_stretch_runs_into_the_step_an_arrival_waits_for(bundle_root, monkeypatc
                       source="<test>")
     cluster = sim.parse_cluster(cluster_dict(400))
     opts = opts_for(bundle_root, async_scheduling=async_, max_sim_time_ns=max_time)
-    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
-    calls.clear()
-    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    stepped = _assert_same(cluster, wl, opts, calls)
     taken = calls.copy()
     calls.clear()
     monkeypatch.setattr(sim.engine._Run, "_arrival_completion", lambda self, *args: None)
@@ -472,9 +473,7 @@ def test_finish_that_admits_the_waiting_head_is_leapt(bundle_root, monkeypatch, 
                       source="<test>")
     cluster = sim.parse_cluster(cluster_dict(120))
     opts = opts_for(bundle_root, async_scheduling=True, enable_prefix_caching=caching)
-    stepped = _outputs(cluster, wl, opts.replace(event_leaping=False))
-    calls.clear()
-    assert _outputs(cluster, wl, opts.replace(event_leaping=True)) == stepped
+    _assert_same(cluster, wl, opts, calls)
     # 30 finishes, 7 preemptions; ~700 steps in all
     assert calls.count("after_decodes") >= 20 and calls.count("schedule") <= 15
     assert len(steps) <= 30 + 10
