@@ -5,7 +5,9 @@
 Prints the median wall time over several runs, the speed-up over real (simulated) time,
 and peak RSS, for the RTX 4090 ShareGPT replay and for synthetic workloads of growing
 size (to show that cost grows linearly with the number of requests). Each run happens in
-a fresh subprocess so peak RSS is per run.
+a fresh subprocess so peak RSS is per run. The first line says whether the simulator's hot
+modules ran compiled (``llmsim native build``) or as their Python sources
+(``LLMSIM_PURE_PYTHON=1 python experiments/bench_replay.py`` measures the latter).
 
 Then the same replay as a user runs it, ``llmsim run ...`` as a process (through the
 installed console script when there is one, else ``python -m sim``): the median over
@@ -58,7 +60,7 @@ s = sim.Simulator(cluster, opts)
 t = time.perf_counter(); r = s.run(wl); wall = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"wall_s": wall, "sim_s": r.summary["simulated_s"], "rss_mb": rss,
-                  "finished": r.summary["num_finished"]}))
+                  "finished": r.summary["num_finished"], "modules": sim.native_status()}))
 """
 
 
@@ -72,6 +74,7 @@ def bench(kind: str, n: int, runs: int) -> dict:
     rs = [run_child(kind, n) for _ in range(runs)]
     wall = statistics.median(r["wall_s"] for r in rs)
     return {"kind": kind, "n": n, "wall_s": wall, "sim_s": rs[0]["sim_s"],
+            "modules": rs[0]["modules"],
             "speedup": rs[0]["sim_s"] / wall, "rss_mb": max(r["rss_mb"] for r in rs),
             "us_per_req": 1e6 * wall / n}
 
@@ -162,6 +165,7 @@ def main(argv=None) -> int:
     rows = [bench("replay", 300, args.runs)]
     rows += [bench("synthetic", n, max(1, args.runs // 2 if n >= 10000 else args.runs))
              for n in args.sizes]
+    print(f"modules: {rows[0]['modules']}")
     print(f"{'workload':12s}{'requests':>9s}{'wall s (median)':>17s}{'simulated s':>13s}"
           f"{'x real time':>12s}{'us/request':>12s}{'peak RSS MB':>13s}")
     for r in rows:

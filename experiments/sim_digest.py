@@ -2,12 +2,15 @@
 
     python experiments/sim_digest.py [--save FILE] [--check FILE] [--only SUBSTR] [--quick]
 
-Runs ~150 scenarios (the validation replays, also with 10 ms time-series rows, the
+Runs 154 scenarios (the validation replays, also with 10 ms time-series rows, the
 ShareGPT trace under tight and loose KV pools, random workloads with shared prefixes,
-every scheduling option, a CPU prefix tier, PD, PP, TP, DP/EP MoE, power), each with
+every scheduling option, a CPU prefix tier, PD, PP, TP, DP/EP MoE, PIM, power), each with
 event leaping on and off, and hashes what a user gets: the per-request CSV, the summary
-JSON (less its wall-clock fields) and the time series CSV. Leaping on and off must give the same digest; ``--save`` writes the digests
-and ``--check`` compares them with a saved file (a speed change must keep every one).
+JSON (less its wall-clock fields) and the time series CSV. Leaping on and off must give
+the same digest; ``--save`` writes the digests and ``--check`` compares them with a saved
+file (a speed change must keep every one). The first line says whether the simulator's
+hot modules ran compiled or as their sources (``LLMSIM_PURE_PYTHON=1``): both must give
+the same digests (``tests/sim/test_native.py`` compares them on ``--quick``).
 """
 
 from __future__ import annotations
@@ -88,6 +91,16 @@ def _random_workload(rng: random.Random, n: int, max_in: int, max_out: int,
         reqs.append(Request(i, t, n_in, n_out, input_ids=ids))
         reqs[-1].priority = rng.randint(0, 2)
     return sim.Workload(reqs, source="<digest>")
+
+
+def _pim_cluster() -> sim.ClusterConfig:
+    return sim.parse_cluster({"num_nodes": 1, "link_bw": 64, "link_latency": 100, "nodes": [{
+        "num_instances": 1,
+        "cpu_mem": {"mem_size": 256, "mem_bw": 256, "mem_latency": 100,
+                    "pim_config": "NeuPIMs-32GB-1TBps"},
+        "instances": [{"model_name": "meta-llama/Llama-3.1-8B", "hardware": "NPU",
+                       "npu_mem": {"mem_size": 24, "mem_bw": 936, "mem_latency": 0},
+                       "num_npus": 1, "tp_size": 1}]}]})
 
 
 def _h100_cluster(instances: list[dict], power: bool = False,
@@ -201,6 +214,14 @@ def scenarios(quick: bool = False):
                             _random_workload(random.Random(3), 40, 1500, 300, True),
                             sim.SimOptions(latency_provider="roofline", async_scheduling=a,
                                            all2all_backend=b, enable_prefix_caching=True))))
+    # Decode attention on PIM (LLMServingSim's NeuPIMs device), with and without sub-batch
+    # interleaving, the PIM devices local or a pool.
+    for mode in ("local", "pool"):
+        for interleave in (False, True):
+            out.append((f"sys_pim_{mode}_interleave{int(interleave)}", lambda m=mode, i=interleave: (
+                _pim_cluster(), _random_workload(random.Random(4), 30, 1500, 300, False),
+                sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True,
+                               pim_mode=m, enable_sub_batch_interleaving=i))))
     if not quick:
         for async_ in (True, False):
             out.append((f"moe_validation_async{int(async_)}", lambda a=async_: _moe_case(a)))
@@ -250,6 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only")
     ap.add_argument("--quick", action="store_true", help="a third of the scenarios")
     args = ap.parse_args(argv)
+    print(f"modules: {sim.native_status()}", flush=True)
     digests = run_all(args.only, args.quick)
     bad = [n for n, d in digests.items() if "!=" in d]
     if args.save:

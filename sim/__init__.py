@@ -10,6 +10,9 @@ Public API::
     sim.kv_capacity(cluster, sim.SimOptions())         # KV caches and vLLM's start-up check
 """
 
+# (first: it loads the compiled simulator modules where a matching build exists)
+from sim.native import status as native_status
+
 from sim.backend import make_backend
 from sim.capacity import InstanceCapacity, kv_capacity
 from sim.cluster import ClusterConfig, load_cluster, parse_cluster, unsupported_features
@@ -42,6 +45,7 @@ __all__ = [
                           "load_cluster",
                           "load_jsonl",
                           "make_backend",
+                          "native_status",
                           "parse_cluster",
                           "simulate",
                           "unsupported_features",

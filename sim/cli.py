@@ -282,6 +282,21 @@ def _add_compare(sub) -> None:
     p.add_argument("real", help="result JSON, or a real run's per-request JSONL")
 
 
+def _add_native(sub) -> None:
+    p = sub.add_parser("native", help="the compiled simulator modules (mypyc): build them, "
+                                      "or say which modules run and why")
+    p.add_argument("action", choices=["build", "status"])
+
+
+def _native(args) -> int:
+    import sim.native
+
+    if args.action == "build":
+        return sim.native.build()
+    print(sim.native.status())
+    return 0
+
+
 def _add_astra_config(sub) -> None:
     p = sub.add_parser("astra-config",
                        help="write ASTRA-Sim input files (network.yml, system.json, memory.json) "
@@ -370,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_astra_config(sub)
     _add_bench(sub)
     _add_compare(sub)
+    _add_native(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"))
     try:
@@ -385,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "compare":
             from sim.compare import compare_main
             return compare_main(args)
+        if args.cmd == "native":
+            return _native(args)
         return _profile(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)

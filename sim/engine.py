@@ -1,3 +1,6 @@
+# mypy: disable-error-code="union-attr,index,arg-type,attr-defined"
+# (compiled by mypyc where a C compiler is at hand: sim/native.py. Those checks stay off
+# because an Optional read after a guard compiles to a generic, checked operation.)
 """The main loop: LLMServingSim's 10 steps as a discrete-event loop over instances.
 
 Per event time ``now`` (integer ns): route the requests that have arrived; retire the
@@ -127,7 +130,7 @@ def cudagraph_padding(opts: SimOptions) -> list[int] | None:
     cap = max_capture_size(opts)
     if cap <= 0:
         return None
-    return [0] + [cudagraph_size(t, cap) for t in range(1, cap + 1)]
+    return [0] + [cudagraph_size(t, cap) or t for t in range(1, cap + 1)]  # (t <= cap: a size)
 
 
 def build_instances(cluster: ClusterConfig, opts: SimOptions) -> list[InstanceRuntime]:
@@ -182,7 +185,7 @@ def _pim_layers_graph(layers: int, subs: list[tuple[int, int, int, int]]):
     one's NPU work overlaps the other's PIM attention (NeuPIMs); each device still runs
     one computation at a time."""
     npu, pim = GraphBuilder(0), GraphBuilder(1)
-    last = [None] * len(subs)
+    last: list[int | None] = [None] * len(subs)  # (each chain's last node)
     tag = 0
     for _layer in range(layers):
         for s, (pre, att, post, qb) in enumerate(subs):
@@ -327,8 +330,8 @@ def _fresh_requests(workload: Workload) -> list[Request]:
     """Copies of the workload's requests (so a Workload can be simulated many times)."""
     out = []
     for head in workload.requests:
-        prev = None
-        r = head
+        prev: Request | None = None
+        r: Request | None = head
         while r is not None:
             c = Request(r.rid, r.arrival_ns, r.input_len, r.output_len, r.input_ids, r.output_ids,
                         r.session_id, r.sub_index, r.tool_ns)
@@ -411,9 +414,10 @@ class _Run:
         self.opts = opts = sim.opts
         self.backend = sim.backend
         heads = _fresh_requests(workload)
-        self.all_reqs = all_reqs = []
+        self.all_reqs: list[Request] = []
+        all_reqs = self.all_reqs
         for h in heads:
-            r = h
+            r: Request | None = h
             while r is not None:
                 all_reqs.append(r)
                 r = r.next_sub
@@ -590,7 +594,7 @@ class _Run:
         if req.input_len >= self.max_model_len:
             # vLLM refuses a prompt that leaves no room to generate (and its session's
             # later turns, which would extend it); a closed-loop client moves on.
-            r = req
+            r: Request | None = req
             while r is not None:
                 r.rejected = True
                 self.rejected.append(r)
@@ -897,11 +901,12 @@ class _Run:
                 sch.running[i].next_sub is not None for i in plan.leaving))):
             return False  # (a finished request that releases another: step it)
         durations, completions = self._leap_times(idx, plan, b1, horizon)
-        own_end = None  # (async) the end of the step left in flight, where taken too
+        own_end: int | None = None  # (async) the end of the step left in flight, if taken
         if plan.admits_next and len(completions) == len(durations) == plan.max_completions:
             # The stretch has got to its last completion, where the unit schedules next:
             # that step's decodes are taken, the waiting queue scheduled after them.
-            arrival_end, decodes_next = completions[-1], True
+            arrival_end: int | None = completions[-1]
+            decodes_next = True
         else:
             arrival_end = self._arrival_completion(plan, b1, horizon, durations, completions)
             decodes_next = arrival_end is not None and _plan_takes_step(plan, len(durations))
@@ -941,8 +946,11 @@ class _Run:
         """The first time at which something other than the leaping unit's own step may
         happen: an arrival, another event in flight, or the end of simulated time."""
         h = self.pending[0][0] if self.pending else 1 << 62
+        # (events told apart by their sequence numbers: compiled, a tuple read from the
+        # heap is a new object, so identity would not do)
+        own = own_step[1] if own_step is not None else -1
         for e in self.in_flight:
-            if e[0] < h and e is not own_step:
+            if e[0] < h and e[1] != own:
                 h = e[0]
         if self.opts.max_sim_time_ns is not None and self.opts.max_sim_time_ns + 1 < h:
             h = self.opts.max_sim_time_ns + 1
@@ -983,8 +991,9 @@ class _Run:
         max_time = self.opts.max_sim_time_ns
         if max_time is not None and end > max_time:
             return False
+        own = own_step[1] if own_step is not None else -1
         for e in self.in_flight:
-            if e[0] <= end and e is not own_step:
+            if e[0] <= end and e[1] != own:
                 return False
         return True
 

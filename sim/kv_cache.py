@@ -1,3 +1,6 @@
+# mypy: disable-error-code="union-attr,index,arg-type,attr-defined"
+# (compiled by mypyc where a C compiler is at hand: sim/native.py. Those checks stay off
+# because an Optional read after a guard compiles to a generic, checked operation.)
 """Paged KV-cache blocks with prefix caching, following vLLM V1's block pool (v0.19).
 
 Blocks hold ``block_size`` tokens. Every full block of a request's known tokens has a
@@ -78,6 +81,7 @@ def block_hashes(req: Request, block_size: int, n: int) -> list[int]:
     parent = hashes[-1] if have else None
     for i in range(have, n):
         lo, hi = i * block_size, (i + 1) * block_size
+        key: tuple
         if ids is None:
             key = (-1, req.rid, i)
         elif hi <= n_in:
@@ -286,7 +290,7 @@ class KVCacheManager:
         hit = list(map(get, hashes[:max_blocks] if len(hashes) > max_blocks else hashes))
         if None in hit:
             del hit[hit.index(None):]
-        return hit
+        return hit  # type: ignore[return-value]  # (no None left)
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Enter ``req``'s full blocks among its first ``num_tokens`` tokens in the cache
@@ -528,7 +532,7 @@ class PrefixTier:
     def __len__(self) -> int:
         return len(self.lru)
 
-    def insert_path(self, keys: list[tuple]) -> None:
+    def insert_path(self, keys: list[int]) -> None:
         if self.capacity == 0:
             return
         node = self.root

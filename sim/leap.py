@@ -1,3 +1,6 @@
+# mypy: disable-error-code="union-attr,index,arg-type,attr-defined"
+# (compiled by mypyc where a C compiler is at hand: sim/native.py. Those checks stay off
+# because an Optional read after a guard compiles to a generic, checked operation.)
 """Event leaping: a stretch of pure-decode steps of one instance in one computation.
 
 Between two events (an arrival, a completion, a prefill chunk, a block the pool cannot
@@ -121,8 +124,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
     waiting = sch.waiting
     general = may_finish and sch.async_scheduling and not waiting
     # (async, a queue whose head a step looks at) through the first finish past step 0
-    to_first_finish = (may_finish and sch.async_scheduling and waiting
-                       and sch.budget > len(running) and len(running) < sch.max_num_seqs)
+    to_first_finish = bool(may_finish and sch.async_scheduling and waiting
+                           and sch.budget > len(running) and len(running) < sch.max_num_seqs)
     counters = _steady_counters(sch, in_flight, general, step_cap, to_first_finish)
     if counters is None:
         return None

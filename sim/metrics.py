@@ -319,7 +319,9 @@ class RunResult:
         rows = []
         for r in self.requests:
             first, last, arrival = r.first_token_ns, r.last_token_ns, r.arrival_ns
-            ttft = first - arrival if first >= 0 else None
+            ttft: int | None = first - arrival if first >= 0 else None
+            tpot: int | None
+            latency: int | None
             if r.finish_ns >= 0:
                 tpot = (last - first) // max(1, r.num_output - 1)
                 latency = last - arrival

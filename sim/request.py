@@ -10,20 +10,25 @@ tokens being sampled by steps still in flight (async scheduling).
 
 from __future__ import annotations
 
+from typing import Final
+
 WAITING, RUNNING, FINISHED, PREEMPTED = 0, 1, 2, 3
+
+#: a request's fields (its slots), grouped by meaning
+FIELDS: Final = (
+    "rid", "arrival_ns", "input_len", "output_len", "input_ids", "output_ids",
+    "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
+    # runtime state
+    "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
+    "prefix_hit", "preemptions", "queued_ns", "first_scheduled_ns", "first_token_ns", "last_token_ns",
+    "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
+    "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
+    "handoff_blocks", "kv_transfer_tokens",
+)
 
 
 class Request:
-    __slots__ = (  # noqa: RUF023 - grouped by meaning, not sorted
-        "rid", "arrival_ns", "input_len", "output_len", "input_ids", "output_ids",
-        "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
-        # runtime state
-        "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
-        "prefix_hit", "preemptions", "queued_ns", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-        "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
-        "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
-        "handoff_blocks", "kv_transfer_tokens",
-    )
+    __slots__ = FIELDS
 
     def __init__(self, rid: int, arrival_ns: int, input_len: int, output_len: int,
                  input_ids: list[int] | None = None, output_ids: list[int] | None = None,
@@ -86,6 +91,20 @@ class Request:
             return self.input_ids + self.output_ids[: self.num_output]
         return self.input_ids
 
+    def __reduce__(self):
+        # Pickled and copied field by field: the class compiled (sim.native) has no
+        # default way to, and both forms must travel alike (a Workload sent to a worker).
+        return (_new_request, (self.rid, self.arrival_ns, self.input_len, self.output_len),
+                {name: getattr(self, name) for name in FIELDS})
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def __repr__(self) -> str:
         return (f"Request(rid={self.rid}, in={self.input_len}, out={self.output_len}, "
                 f"computed={self.num_computed}, generated={self.num_output})")
+
+
+def _new_request(rid: int, arrival_ns: int, input_len: int, output_len: int) -> Request:
+    return Request(rid, arrival_ns, input_len, output_len)

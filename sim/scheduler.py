@@ -1,3 +1,6 @@
+# mypy: disable-error-code="union-attr,index,arg-type,attr-defined"
+# (compiled by mypyc where a C compiler is at hand: sim/native.py. Those checks stay off
+# because an Optional read after a guard compiles to a generic, checked operation.)
 """Per-instance continuous-batching scheduler with vLLM V1 (v0.19) semantics.
 
 The rules are those of vLLM's ``vllm/v1/core/sched/scheduler.py`` (and
@@ -159,7 +162,10 @@ class PriorityQueue:
     def append(self, req: Request) -> None:
         heapq.heappush(self._heap, (req.priority, req.arrival_ns, req.rid, next(self._count), req))
 
-    appendleft = append  # a preempted request goes back by its priority
+    def appendleft(self, req: Request) -> None:
+        # A preempted request goes back by its priority. (A method, not an alias of
+        # append: compiled, the alias crashed.)
+        self.append(req)
 
     def popleft(self) -> Request:
         return heapq.heappop(self._heap)[4]

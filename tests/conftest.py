@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import sim
-from sim_testkit import make_bundle, opts_for
+# The suite checks the reference modules (pure Python), whose functions and methods its
+# tests patch; tests/sim/test_native.py compares a compiled build (sim.native) with them.
+os.environ.setdefault("LLMSIM_PURE_PYTHON", "1")
+
+import sim  # noqa: E402
+from sim_testkit import make_bundle, opts_for  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
