@@ -1,7 +1,7 @@
 """The simulator's hot modules compiled to C with mypyc, where a C compiler is at hand.
 
 The per-iteration work (the event loop, the scheduler, the KV-cache manager, event
-leaping, the request record, the metrics) is plain Python, and those sources stay the reference: mypyc
+leaping, the request record, the metrics, a stretch's step times) is plain Python, and those sources stay the reference: mypyc
 compiles the same files, so the compiled modules compute the same values operation by
 operation (``tests/sim/test_native.py`` and ``experiments/sim_digest.py`` compare their
 outputs byte for byte). Where mypyc's typing could change a result (a variable's inferred
@@ -37,7 +37,7 @@ from pathlib import Path
 
 #: the modules compiled, in the order mypyc is given them
 NATIVE_MODULES = ("sim.request", "sim.kv_cache", "sim.scheduler", "sim.leap", "sim.engine",
-                  "sim.metrics")
+                  "sim.metrics", "sim.latency.lines")
 #: set (to anything but "" or "0") to run the pure-Python modules even where a build is
 PURE_ENV = "LLMSIM_PURE_PYTHON"
 PACKAGE_DIR = Path(__file__).resolve().parent

@@ -42,6 +42,7 @@ from sim.cache import cached
 from sim.errors import InputError, read_text_input
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
+from sim.latency.lines import blended_step_times, piece_step_times
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, expert_shard_ranks
 from sim.paths import is_dir, is_file, profiles_root, shared_data_root
 from sim.yamlio import strict_load, yaml_problem
@@ -843,17 +844,14 @@ class MeasuredProvider(LatencyProvider):
         p1 = _lerp_piece(line1, kd0, q1) if line1 is not None else None
         if p0 is not None and (p1 is not None or line1 is None):
             # Each line one interval of its grid throughout (most stretches): one pass
-            # (the same operations as below, inline; no lookup off the grid).
+            # (the same operations as below; no lookup off the grid).
             _, v0, dv0, k0, dk0 = p0
             if p1 is None:
-                durations = [base + (x if (x := int(v0 + (q - k0) / dk0 * dv0)) > 1 else 1)
-                             * layers for q in range(kd0, q1)]
+                durations = piece_step_times(base, layers, kd0, q1, v0, dv0, k0, dk0)
             else:
                 _, v1, dv1, k1, dk1 = p1
-                durations = [
-                    base + (x if (x := int((a := v0 + (q - k0) / dk0 * dv0)
-                                           + nt * (v1 + (q - k1) / dk1 * dv1 - a))) > 1 else 1)
-                    * layers for q in range(kd0, q1)]
+                durations = blended_step_times(base, layers, kd0, q1, v0, dv0, k0, dk0, nt,
+                                               v1, dv1, k1, dk1)
             return DecodeStretch(durations, self._stretch_record(grid_notes, ()))
         attn = _line_run(line0, kd0, q1)
         if line1 is not None:
