@@ -1,12 +1,12 @@
 """The simulator's hot modules compiled to C with mypyc, where a C compiler is at hand.
 
 The per-iteration work (the event loop, the scheduler, the KV-cache manager, event
-leaping, the request record, the metrics, a stretch's step times) is plain Python, and those sources stay the reference: mypyc
-compiles the same files, so the compiled modules compute the same values operation by
-operation (``tests/sim/test_native.py`` and ``experiments/sim_digest.py`` compare their
-outputs byte for byte). Where mypyc's typing could change a result (a variable's inferred
-type narrower than its values, a tuple's identity), the source says what it holds. The
-compiled build is optional:
+leaping, the request record, the metrics, a stretch's step times) is plain Python, and
+those sources stay the reference: mypyc compiles the same files, so the compiled modules
+compute the same values operation by operation (``tests/sim/test_native.py`` and
+``experiments/sim_digest.py`` compare their outputs byte for byte). Where mypyc's typing
+could change a result (a variable's inferred type narrower than its values, a tuple's
+identity), the source says what it holds. The compiled build is optional:
 
 - ``llmsim native build`` (``make`` runs it) compiles ``NATIVE_MODULES`` into
   ``sim/_native/``, with a manifest holding the SHA-256 of each source and the
