@@ -38,7 +38,7 @@ from pathlib import Path
 #: the modules compiled, in the order mypyc is given them
 NATIVE_MODULES = ("sim.request", "sim.kv_cache", "sim.scheduler", "sim.leap", "sim.engine",
                   "sim.metrics", "sim.latency.lines")
-#: set (to anything but "" or "0") to run the pure-Python modules even where a build is
+#: set (to anything but "" or "0") to run the Python sources even where a build exists
 PURE_ENV = "LLMSIM_PURE_PYTHON"
 PACKAGE_DIR = Path(__file__).resolve().parent
 NATIVE_DIR = PACKAGE_DIR / "_native"

@@ -113,10 +113,14 @@ print(sim.native_status())
 """
 
 
+def _env(pure: bool) -> dict:
+    """A subprocess's environment: this checkout's code, compiled (where built) or not."""
+    return {**os.environ, "LLMSIM_PURE_PYTHON": "1" if pure else "0",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "astra-sim")])}
+
+
 def _round_trip(pure: bool) -> str:
-    env = {**os.environ, "LLMSIM_PURE_PYTHON": "1" if pure else "0",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "astra-sim")])}
-    proc = subprocess.run([sys.executable, "-c", ROUND_TRIP], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-c", ROUND_TRIP], cwd=REPO, env=_env(pure),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -134,10 +138,8 @@ def test_compiled_requests_pickle_and_copy_field_by_field():
 
 def _digests(tmp_path: Path, pure: bool) -> tuple[dict, str]:
     out = tmp_path / f"digests-{int(pure)}.json"
-    env = {**os.environ, "LLMSIM_PURE_PYTHON": "1" if pure else "0",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "astra-sim")])}
     proc = subprocess.run([sys.executable, str(REPO / "experiments" / "sim_digest.py"),
-                           "--quick", "--save", str(out)], cwd=REPO, env=env,
+                           "--quick", "--save", str(out)], cwd=REPO, env=_env(pure),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(out.read_text()), proc.stdout.splitlines()[0]
