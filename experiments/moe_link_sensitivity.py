@@ -1,7 +1,8 @@
 """How the MoE validation replay's errors follow the one input no visible data pins: the
 link that carries the DP group's exchange.
 
-    python experiments/moe_link_sensitivity.py [VALIDATION_DIR] [--bw GBPS ...] [--latency-ns NS ...]
+    python experiments/moe_link_sensitivity.py [VALIDATION_DIR] [--bw GBPS ...]
+        [--latency-ns NS ...]
 
 The RTX PRO 6000 DP2 x EP2 run's cluster file gives its pair of cards 16 GB/s and 20,000 ns
 (``link_bw`` / ``link_latency``, LLMServingSim's semantics: GB/s of 2^30 B and ns per
@@ -9,10 +10,11 @@ message, as ASTRA-Sim reads them), and a replay takes the file's values. LLMServ
 own measurements of NCCL between two RTX PRO 6000 Server cards (the hardware catalogue's
 ``measured_link_*`` and the comment above them) read 15.92 GB/s in a first campaign and
 28.73 GB/s in a refresh with ACS and IOMMU off, 6,600 ns per message in both; the run's
-own machine is not described further. Every MoE layer's all-gather and reduce-scatter cross that link, so
-the decode step and, more, each prompt token's cost follow it, and the queue that forms
-once max_num_seqs requests run on each rank amplifies that into TTFT (a request's wait
-is the time until a running one finishes, which moves with every earlier step).
+own machine is not described further. Every MoE layer's all-gather and reduce-scatter
+cross that link, so the decode step and, more, each prompt token's cost follow it, and
+the queue that forms once max_num_seqs requests run on each rank amplifies that into TTFT
+(a request's wait is the time until a running one finishes, which moves with every
+earlier step).
 
 This replays the case over a grid of link values (default: 16-28.73 GB/s by 20,000 and
 6,600 ns) and prints each statistic's error against the real run, and whether all of them

@@ -218,7 +218,8 @@ def scenarios(quick: bool = False):
     # interleaving, the PIM devices local or a pool.
     for mode in ("local", "pool"):
         for interleave in (False, True):
-            out.append((f"sys_pim_{mode}_interleave{int(interleave)}", lambda m=mode, i=interleave: (
+            name = f"sys_pim_{mode}_interleave{int(interleave)}"
+            out.append((name, lambda m=mode, i=interleave: (
                 _pim_cluster(), _random_workload(random.Random(4), 30, 1500, 300, False),
                 sim.SimOptions(latency_provider="roofline", enable_attn_offloading=True,
                                pim_mode=m, enable_sub_batch_interleaving=i))))

@@ -81,8 +81,7 @@ def plan_activation(native_dir: Path, environ, package_dir: Path = PACKAGE_DIR
         return None, ("pure Python (the compiled build does not match the sources or this "
                       "interpreter: llmsim native build)")
     files = {name: native_dir / fname for name, fname in manifest.get("files", {}).items()}
-    missing = [str(f) for f in files.values() if not f.is_file()]
-    if missing or not set(NATIVE_MODULES) <= set(files):
+    if not set(NATIVE_MODULES) <= set(files) or not all(f.is_file() for f in files.values()):
         return None, "pure Python (the compiled build is incomplete: llmsim native build)"
     return files, f"compiled with mypyc {manifest.get('mypyc', '?')}: {', '.join(NATIVE_MODULES)}"
 

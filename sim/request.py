@@ -16,14 +16,19 @@ WAITING, RUNNING, FINISHED, PREEMPTED = 0, 1, 2, 3
 
 #: a request's fields (its slots), grouped by meaning
 FIELDS: Final = (
+    # from the workload
     "rid", "arrival_ns", "input_len", "output_len", "input_ids", "output_ids",
     "session_id", "sub_index", "tool_ns", "next_sub", "client_id",
-    # runtime state
-    "instance_id", "status", "num_computed", "num_output", "num_blocks", "block_ids",
-    "prefix_hit", "preemptions", "queued_ns", "first_scheduled_ns", "first_token_ns", "last_token_ns",
-    "finish_ns", "itl_max_ns", "cached_hashes", "block_hashes", "num_placeholders", "lower_hit",
-    "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "priority", "rejected",
-    "handoff_blocks", "kv_transfer_tokens",
+    # scheduling and KV-cache state
+    "instance_id", "status", "num_computed", "num_output", "num_placeholders", "num_blocks",
+    "block_ids", "prefix_hit", "lower_hit", "cached_hashes", "block_hashes", "preemptions",
+    "priority", "rejected",
+    # timestamps (ns)
+    "queued_ns", "first_scheduled_ns", "first_token_ns", "last_token_ns", "finish_ns",
+    "itl_max_ns",
+    # PD disaggregation: the KV a decode instance pulls from the prefill instance
+    "remote_kv", "ready_ns", "prefill_instance", "kv_transfer_ns", "handoff_blocks",
+    "kv_transfer_tokens",
 )
 
 

@@ -112,8 +112,10 @@ def aic_system_data(hardware: str) -> Path | None:
             system = HARDWARE_TO_SYSTEM.get(load_hardware(hardware).name)
         except InputError:
             return None
-    folder = Path(spec.origin).parent / "systems" / "data" / str(system)
-    return folder if system is not None and folder.is_dir() else None
+        if system is None:
+            return None
+    folder = Path(spec.origin).parent / "systems" / "data" / system
+    return folder if folder.is_dir() else None
 
 
 @contextmanager
