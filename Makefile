@@ -16,7 +16,7 @@ STAMP  := $(VENV)/.installed
 # them changes; where it cannot be built (no C compiler) the manifest says why and the
 # simulator runs as pure Python, so the rule never fails the target that needs it.
 NATIVE_SRC := sim/request.py sim/kv_cache.py sim/scheduler.py sim/leap.py sim/engine.py \
-              sim/metrics.py sim/latency/lines.py sim/native.py
+              sim/metrics.py sim/latency/lines.py sim/latency/grid.py sim/native.py
 NATIVE     := sim/_native/manifest.json
 
 comma := ,

@@ -19,9 +19,11 @@ import logging
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import lt
+from typing import Final
 
 from astrasim import GraphBuilder
 
@@ -30,7 +32,7 @@ from sim.cluster import ClusterConfig, GiB, InstanceConfig
 from sim.errors import InputError
 from sim.gate import GATE_POLICIES
 from sim.kv_cache import KVCacheManager, PrefixTier, private_depths
-from sim.leap import (apply_leap, finished_in, finishing, plan_leap, segment_end,
+from sim.leap import (LeapPlan, apply_leap, finished_in, finishing, plan_leap, segment_end,
                       steady_decode, step_shape)
 from sim.latency.base import AUTO_ORDER, BatchShape, LatencyProvider, load_providers
 from sim.memory import MemoryBudget, effective_max_model_len, memory_budget
@@ -41,7 +43,7 @@ from sim.options import SimOptions
 from sim.power import PowerModel, iteration_link_bytes, iteration_memory_bytes
 from sim.request import Request
 from sim.router import ROUTING_POLICIES
-from sim.scheduler import Scheduler
+from sim.scheduler import Batch, Scheduler
 from sim.topology import (ASTRA, Link, Topology, check_links, group_topology, instance_topology,
                           intra_node_link, link_between, transfer_topology)
 from sim.validate import dp_group_size, instance_model, validate_cluster
@@ -49,6 +51,11 @@ from sim.workload import Workload
 
 
 _log = logging.getLogger("sim.memory")
+
+#: an entry of the heap of steps in flight: (end time, push order, unit, payload), the
+#: payload a list of the unit's (instance, batch) pairs, a landed PD transfer's request,
+#: or None
+InFlight = tuple[int, int, int, list | Request | None]
 
 
 @dataclass
@@ -320,7 +327,7 @@ def _tier_loads_ns(instances, payload) -> int:
 #: less with 6 than with 16 (shorter tables, fewer finishes accounted for) and more with
 #: 3 or 2 (stretches cut short where steps got shorter than the last one, as a batch
 #: shrinks: the next stretch is planned anew)
-STEP_CAP_MARGIN = 6
+STEP_CAP_MARGIN: Final = 6
 
 #: the dummy step an idle DP-group member runs so that it joins the collectives (vLLM)
 DUMMY_SHAPE = BatchShape(num_tokens=1, num_seqs=1, prefill_tokens=1)
@@ -501,7 +508,7 @@ class _Run:
         pipeline stages runs vLLM's batch queue of pp batches (``_schedule_pipeline``)."""
         self.units = units = _scheduling_units(self.instances)
         self.unit_of = {idx: u for u, members in enumerate(units) for idx in members}
-        self.in_flight: list[tuple[int, int, int, list | Request | None]] = []
+        self.in_flight: list[InFlight] = []
         self.seq = 0
         n_units = len(units)
         self.inflight_count = [0] * n_units
@@ -745,7 +752,7 @@ class _Run:
             trail.append(0)
             busy += 1
 
-    def _schedule_instance(self, idx: int, now: int, busy: int):
+    def _schedule_instance(self, idx: int, now: int, busy: int) -> Batch | None:
         """One instance's next batch (None: nothing to run); ``busy``: its unit's steps in
         flight."""
         sch = self.schedulers[idx]
@@ -931,7 +938,7 @@ class _Run:
                 self.progress.update(len(self.all_reqs) - self.remaining, completions[-1])
         return True
 
-    def _step_cap(self, idx: int, own_step, horizon: int) -> int:
+    def _step_cap(self, idx: int, own_step: InFlight | None, horizon: int) -> int:
         """A bound on the steps a stretch plans for: those the last step's time lets fit
         before the horizon, and ``STEP_CAP_MARGIN`` more (a stretch stopped there is
         followed by another; the plan's tables, and the finishes it accounts for, are as
@@ -942,7 +949,7 @@ class _Run:
         t = own_step[0] if own_step is not None else self.now
         return max(0, horizon - t) // last + STEP_CAP_MARGIN
 
-    def _horizon(self, own_step) -> int:
+    def _horizon(self, own_step: InFlight | None) -> int:
         """The first time at which something other than the leaping unit's own step may
         happen: an arrival, another event in flight, or the end of simulated time."""
         h = self.pending[0][0] if self.pending else 1 << 62
@@ -956,7 +963,7 @@ class _Run:
             h = self.opts.max_sim_time_ns + 1
         return h
 
-    def _run_into_arrival(self, unit: int, idx: int, arrival_end: int, decodes,
+    def _run_into_arrival(self, unit: int, idx: int, arrival_end: int, decodes: Batch | None,
                           own_end: int | None) -> None:
         """After a stretch that took the completion an arrival waits for (at
         ``arrival_end``): route the arrivals due by then (that completion's record sees
@@ -985,7 +992,7 @@ class _Run:
             self.series.set_state_at(own_end, len(sch.running), len(sch.waiting),
                                      sch.kv.usage())
 
-    def _nothing_else_by(self, end: int, own_step) -> bool:
+    def _nothing_else_by(self, end: int, own_step: InFlight | None) -> bool:
         """Whether no event but ``own_step`` comes by ``end`` (nor the end of simulated
         time)."""
         max_time = self.opts.max_sim_time_ns
@@ -997,7 +1004,8 @@ class _Run:
                 return False
         return True
 
-    def _own_completion(self, plan, own_step, end: int, done: int) -> int | None:
+    def _own_completion(self, plan: LeapPlan, own_step: InFlight, end: int,
+                        done: int) -> int | None:
         """(Async) ``end``, the end of the step a stretch leaves in flight when it takes
         the step the unit schedules at its last completion, where the stretch may take
         that completion too: the plan allowing one more and nothing else by then."""
@@ -1005,8 +1013,8 @@ class _Run:
             return end
         return None
 
-    def _arrival_completion(self, plan, own_step, horizon: int, durations: list[int],
-                            completions: list[int]) -> int | None:
+    def _arrival_completion(self, plan: LeapPlan, own_step: InFlight | None, horizon: int,
+                            durations: list[int], completions: list[int]) -> int | None:
         """Where the horizon is an arrival that finds the unit full (one more step in
         flight than completed: sync one, async two) and nothing else happens until the
         first of those steps ends, the time it ends: step by step, the arrivals due by
@@ -1024,7 +1032,8 @@ class _Run:
             return None  # (the stretch stopped short of the arrival)
         return end if self._nothing_else_by(end, own_step) else None
 
-    def _leap_times(self, idx: int, plan, own_step, horizon: int) -> tuple[list[int], list[int]]:
+    def _leap_times(self, idx: int, plan: LeapPlan, own_step: InFlight | None,
+                    horizon: int) -> tuple[list[int], list[int]]:
         """Step durations and completion times of the stretch. Each completion before
         ``horizon`` is in; the step after the last completion is scheduled (and stays in
         flight) whenever it may be, so every step timed is a step taken. (Async) that
@@ -1032,8 +1041,7 @@ class _Run:
         at or past the horizon (the engine schedules it at that completion, before
         anything else happens), it is in too and the stretch ends with two steps in
         flight (one more duration than completions)."""
-        inst = self.instances[idx]
-        max_done = plan.max_completions
+        inst, max_done = self.instances[idx], plan.max_completions
         if own_step is None:  # sync: step j runs from the (j-1)-th completion
             completions: list[int] = []
             t, limit = self.now, plan.max_steps
@@ -1105,9 +1113,9 @@ class _Run:
         self.last_step_ns[idx] = durations[-1]
         return durations, completions
 
-    def _apply_leap(self, unit: int, idx: int, plan, durations: list[int],
-                    completions: list[int], in_flight, wake_up: bool = True,
-                    decodes_next: bool = False):
+    def _apply_leap(self, unit: int, idx: int, plan: LeapPlan, durations: list[int],
+                    completions: list[int], in_flight: Batch | None, wake_up: bool = True,
+                    decodes_next: bool = False) -> Batch | None:
         """Apply the stretch: the scheduler's state, the steps left in flight, the time
         series and power rows; ``wake_up``: the unit's next scheduling point at the last
         completion is an event (else the caller schedules it). ``decodes_next``: the
@@ -1203,7 +1211,7 @@ class _Run:
         return RunResult(self.all_reqs, summary, self.series)
 
 
-def _plan_takes_step(plan, j: int) -> bool:
+def _plan_takes_step(plan: LeapPlan, j: int) -> bool:
     """Whether step ``j`` of the stretch may be taken as planned: within its steps and
     before any finish it does not cover, so that its batch is the step before's less the
     requests finished by then. (A waiting head's lookup at step ``j`` is the scheduler's:
@@ -1211,8 +1219,9 @@ def _plan_takes_step(plan, j: int) -> bool:
     return j < plan.max_steps and j < plan.max_completions and j not in plan.bounds
 
 
-def _record_leap_series(series, plan, completions: list[int], in_flight, waiting: int,
-                        kv_usage) -> None:
+def _record_leap_series(series: TimeSeries, plan: LeapPlan, completions: list[int],
+                        in_flight: Batch | None, waiting: int,
+                        kv_usage: Callable[[int], float]) -> None:
     """The time-series records of an (async) leap in which requests finish past the
     first completion, as each completion's would be: the step in flight at the start may
     finish prompts; completion k (0-based) then gives a token to each request in its

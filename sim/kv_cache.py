@@ -44,13 +44,14 @@ receives each evicted cached block: with one attached, every block enters at onc
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain, islice
+from itertools import chain
+from typing import Final
 
-from sim.request import FINISHED, Request
+from sim.request import COMPILED, FINISHED, Request
 
 
 #: the first private block (``KVCacheManager.private``) of a request without any
-NONE_PRIVATE = 1 << 62
+NONE_PRIVATE: Final = 1 << 62
 
 
 class RadixNode:
@@ -147,27 +148,48 @@ class FreeBlockQueue:
     A new pool's queue is every block in id order; freed blocks join at the tail and
     allocation takes from the head. Blocks never handed out yet therefore always lead the
     queue, in id order, ahead of every freed one: they are kept as the range
-    ``[next_fresh, end)`` and only the freed ones are materialised (an ordered dict, in
-    the order they were freed). Iteration, ``popleft`` and ``len`` see exactly the queue
-    a fully built one would hold."""
+    ``[next_fresh, end)`` and only the freed ones are materialised.
 
-    __slots__ = ("end", "next_fresh", "recycled")
+    The freed ones are a list in the order they were freed, read from ``head`` on, with
+    each block's place in it (``pos``; -1: not in the queue). A block taken out from the
+    middle (a prefix hit reviving it) only loses its place: its entry stays behind, stale,
+    and is skipped when the head gets there; a block freed again gets a new entry at the
+    tail. The list is compacted once stale entries outnumber live ones twice. Iteration,
+    ``popleft`` and ``len`` see exactly the queue a fully built one would hold."""
+
+    __slots__ = ("count", "end", "freed", "head", "next_fresh", "pos")
+
+    #: entries from which the list is compacted when at most a third of them are live
+    COMPACT_FROM = 1024
 
     def __init__(self, num_blocks: int) -> None:
         self.end = num_blocks
         #: the lowest never-allocated block id (those from here to ``end`` are free)
         self.next_fresh = 0
-        #: freed blocks, least recently freed first
-        self.recycled: OrderedDict[int, None] = OrderedDict()
+        #: freed blocks, least recently freed first, from ``head`` on; an entry is live
+        #: where ``pos`` of its block is its index
+        self.freed: list[int] = []
+        self.head = 0
+        self.pos = [-1] * num_blocks
+        #: live entries: the freed blocks in the queue
+        self.count = 0
 
     def __len__(self) -> int:
-        return self.end - self.next_fresh + len(self.recycled)
+        return self.end - self.next_fresh + self.count
 
     def __contains__(self, bid: int) -> bool:
-        return bid in self.recycled or self.next_fresh <= bid < self.end
+        return self.next_fresh <= bid < self.end or (0 <= bid < self.end and self.pos[bid] >= 0)
 
     def __iter__(self):
-        return chain(range(self.next_fresh, self.end), self.recycled)
+        return chain(range(self.next_fresh, self.end), self._live())
+
+    def _live(self):
+        """The freed blocks in the queue, in order."""
+        freed, pos = self.freed, self.pos
+        for i in range(self.head, len(freed)):
+            bid = freed[i]
+            if pos[bid] == i:
+                yield bid
 
     def popleft(self) -> int:
         """The head block, taken out of the queue."""
@@ -175,27 +197,79 @@ class FreeBlockQueue:
         if bid < self.end:
             self.next_fresh = bid + 1
             return bid
-        return self.recycled.popitem(last=False)[0]
+        return self.pop_freed()
+
+    def pop_freed(self) -> int:
+        """The least recently freed block in the queue (there must be one), taken out."""
+        freed, pos = self.freed, self.pos
+        i = self.head
+        bid = freed[i]
+        while pos[bid] != i:  # (stale: revived, or freed again further on)
+            i += 1
+            bid = freed[i]
+        pos[bid] = -1
+        self.head = i + 1
+        self.count -= 1
+        return bid
+
+    def pop_freed_many(self, count: int) -> list[int]:
+        """The ``count`` least recently freed blocks in the queue (there must be as many),
+        taken out, in queue order."""
+        freed, pos = self.freed, self.pos
+        i = self.head
+        out: list[int] = []
+        while len(out) < count:
+            bid = freed[i]
+            if pos[bid] == i:
+                pos[bid] = -1
+                out.append(bid)
+            i += 1
+        self.head = i
+        self.count -= count
+        return out
 
     def append(self, bid: int) -> None:
         """Put a released block at the tail."""
-        self.recycled[bid] = None
+        freed = self.freed
+        self.pos[bid] = len(freed)
+        freed.append(bid)
+        self.count += 1
+        if len(freed) > self.COMPACT_FROM and len(freed) > 3 * self.count:
+            self.compact()
 
     def remove(self, bid: int) -> None:
         """Take a block out of the queue wherever it is (a prefix hit reviving it)."""
-        if bid in self.recycled:
-            del self.recycled[bid]
-            return
-        if not self.next_fresh <= bid < self.end:
+        if not 0 <= bid < self.end:
             raise KeyError(bid)
+        if self.pos[bid] >= 0:
+            self.pos[bid] = -1
+            self.count -= 1
+            return
+        if bid < self.next_fresh:
+            raise KeyError(bid)  # (handed out, not freed since)
         if bid == self.next_fresh:
             self.next_fresh += 1
             return
         # A never-used block from inside the range: materialise the whole queue.
-        rest = OrderedDict((b, None) for b in range(self.next_fresh, self.end) if b != bid)
-        rest.update(self.recycled)
-        self.recycled = rest
+        rest = [b for b in range(self.next_fresh, self.end) if b != bid]
+        self.freed = rest + list(self._live())
+        self.head = 0
+        self.count = len(self.freed)
+        for i, b in enumerate(self.freed):
+            self.pos[b] = i
         self.next_fresh = self.end
+
+    def compact(self) -> None:
+        """Drop the stale entries: the live ones, in order, from index 0."""
+        freed, pos = self.freed, self.pos
+        live: list[int] = []
+        for i in range(self.head, len(freed)):
+            bid = freed[i]
+            if pos[bid] == i:
+                pos[bid] = len(live)  # (at most i: no later entry of it reads as live)
+                live.append(bid)
+        self.freed = live
+        self.head = 0
 
 
 class KVCacheManager:
@@ -236,7 +310,7 @@ class KVCacheManager:
     @property
     def num_free(self) -> int:
         free = self.free  # (len(free), without its call: read several times a step)
-        return free.end - free.next_fresh + len(free.recycled)
+        return free.end - free.next_fresh + free.count
 
     @property
     def num_used(self) -> int:
@@ -283,11 +357,20 @@ class KVCacheManager:
         hashes = req.block_hashes
         if hashes is None or len(hashes) < max_blocks:
             hashes = block_hashes(req, self.block_size, max_blocks)
-        get = self.first.get
-        if not hashes or get(hashes[0]) is None:
+        first = self.first
+        if not hashes or hashes[0] not in first:
             return []
-        # every block looked up at once; the hit ends at the first one not cached
-        hit = list(map(get, hashes[:max_blocks] if len(hashes) > max_blocks else hashes))
+        n = len(hashes) if len(hashes) < max_blocks else max_blocks
+        if COMPILED:  # (compiled, a loop to the first block not cached)
+            found: list[int] = []
+            for i in range(n):
+                bid = first.get(hashes[i])
+                if bid is None:
+                    break
+                found.append(bid)
+            return found
+        # (as Python) every block looked up at once; the hit ends at the first not cached
+        hit = list(map(first.get, hashes[:n] if len(hashes) > n else hashes))
         if None in hit:
             del hit[hit.index(None):]
         return hit  # type: ignore[return-value]  # (no None left)
@@ -389,7 +472,7 @@ class KVCacheManager:
         """Whether ``need`` new blocks are free besides the hit blocks that are in the free
         queue (which the hit takes out of it)."""
         free = self.free
-        num_free = free.end - free.next_fresh + len(free.recycled)
+        num_free = free.end - free.next_fresh + free.count
         if need > num_free:
             return False  # (even if no hit block is in the queue)
         if need + len(hit_blocks) <= num_free:
@@ -444,18 +527,15 @@ class KVCacheManager:
             return list(range(lo, lo + count))
         free.next_fresh = free.end
         ref[lo:free.end] = [1] * fresh
-        recycled = free.recycled
-        taken = list(islice(recycled, count - fresh))
+        taken = free.pop_freed_many(count - fresh)
         if self.first:
             block_hash = self.block_hash
             for bid in taken:
-                del recycled[bid]
                 ref[bid] = 1
                 if block_hash[bid] is not None:
                     self._evict(bid)
         else:  # (an empty table: no block holds a hash)
             for bid in taken:
-                del recycled[bid]
                 ref[bid] = 1
         return list(range(lo, free.end)) + taken if fresh else taken
 
@@ -471,8 +551,8 @@ class KVCacheManager:
             bid = free.next_fresh
             if bid < free.end:
                 free.next_fresh = bid + 1
-            elif free.recycled:
-                bid = free.recycled.popitem(last=False)[0]
+            elif free.count:
+                bid = free.pop_freed()
                 if self.block_hash[bid] is not None:
                     self._evict(bid)
             else:
@@ -488,12 +568,19 @@ class KVCacheManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
-        recycled, ref = self.free.recycled, self.ref
+        free, ref = self.free, self.ref
+        freed, pos = free.freed, free.pos
+        added = 0
         for bid in reversed(block_ids):
             n = ref[bid] - 1
             ref[bid] = n
             if not n:
-                recycled[bid] = None
+                pos[bid] = len(freed)  # (FreeBlockQueue.append, inline)
+                freed.append(bid)
+                added += 1
+        free.count += added
+        if len(freed) > free.COMPACT_FROM and len(freed) > 3 * free.count:
+            free.compact()
 
     def free_request(self, req: Request, finished: bool | None = None) -> None:
         """Free ``req``'s blocks. Its private blocks enter the table first, unless it is

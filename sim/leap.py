@@ -31,16 +31,17 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, islice
-from operator import eq, mul, sub
+from operator import eq
+from typing import Final
 
-from sim.kv_cache import NONE_PRIVATE, block_hashes
+from sim.kv_cache import NONE_PRIVATE, KVCacheManager, block_hashes
 from sim.latency.base import BatchShape
 from sim.metrics import GapRuns
-from sim.request import FINISHED, RUNNING
-from sim.scheduler import Batch, Scheduler
+from sim.request import FINISHED, RUNNING, Request
+from sim.scheduler import Batch, Scheduler, decode_kv_stats
 
 #: a first block step for requests that allocate none
-NEVER = 1 << 60
+NEVER: Final = 1 << 60
 
 
 @dataclass(slots=True)
@@ -169,7 +170,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
         # (a stretch of one step costs more to plan and apply than to step)
         return None
     elif (to_first_finish and bounds and max_completions == first_drop + 1
-          and max_steps == first_drop + 2 and first_drop + 1 not in drops):
+          and max_steps == first_drop + 2 and drops is not None
+          and first_drop + 1 not in drops):
         # The requests finishing at the last completion may let the head in at the step
         # after it: where the stretch gets there, that step's decodes are taken (all the
         # requests left, their blocks counted), the queue scheduled after them.
@@ -179,7 +181,8 @@ def plan_leap(sch: Scheduler, in_flight: Batch | None, may_finish: bool = False,
 
 
 def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
-                     step_cap: int = NEVER, to_first_finish: bool = False):
+                     step_cap: int = NEVER, to_first_finish: bool = False
+                     ) -> tuple[list[int], list[int], list[int], list[int] | None, int, int] | None:
     """``plan_leap``'s pass over the running requests: None unless each is in steady
     decode; else their computed and output counters, the step at which each starts its
     next block, (async) the step each is dropped from, and the completions the stretch
@@ -200,6 +203,12 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
     # completions left to each (to its output length or max_model_len), less one
     lasts: list[int] = []
     firsts: list[int] = []
+    # their extremes, found in the same loop: the fewest outputs; the fewest and most
+    # completions left, and the fewest that is not 0; the first block step of the requests
+    # with a completion left (async; sync: of all)
+    low_output = low_last = low_nonzero_last = low_first = NEVER
+    high_last = -NEVER
+    any_zero_last = False
     for r in running:  # (one loop: cheaper than a comprehension per list)
         c = r.num_computed
         o = r.num_output
@@ -209,36 +218,58 @@ def _steady_counters(sch: Scheduler, in_flight: Batch | None, general: bool,
         computed0.append(c)
         output0.append(o)
         out = r.output_len
-        lasts.append((out if out < room - n_in else room - n_in) - o - 1)
-        firsts.append(len(r.block_ids) * bs - c)
-    if min(output0) < k:
+        last = (out if out < room - n_in else room - n_in) - o - 1
+        first = len(r.block_ids) * bs - c
+        lasts.append(last)
+        firsts.append(first)
+        if o < low_output:
+            low_output = o
+        if last < low_last:
+            low_last = last
+        if last > high_last:
+            high_last = last
+        if last == 0 and ph:
+            any_zero_last = True
+        else:
+            if last < low_nonzero_last:
+                low_nonzero_last = last
+            if first < low_first:
+                low_first = first
+    if low_output < k:
         return None
     drops = None
     if ph:
         # (async) a request with L completions left is in steps 0 .. L - 2 and finishes
         # at the L-th completion: dropped from step L - 1
         drops = lasts
-        if 0 in drops:
-            if max(drops) == 0:
+        if any_zero_last:
+            if high_last == 0:
                 return None
-            max_completions = min([d for d in drops if d != 0])
             for i, d in enumerate(drops):
                 if d == 0:
-                    firsts[i] = NEVER
-        else:
-            max_completions = min(drops)
-        first_drop = max_completions
-        if general and step_cap > max_completions:
-            max_completions = max(drops)
-        elif to_first_finish and max_completions < min(step_cap, max(drops)):
-            max_completions += 1  # (a request stays in the step after)
+                    firsts[i] = NEVER  # (not in any step: no block to start)
+        first_drop = low_nonzero_last if any_zero_last else low_last
+        max_completions = _async_completions(first_drop, high_last, general, to_first_finish,
+                                             step_cap)
     else:
-        max_completions = first_drop = min(lasts)
+        max_completions = first_drop = low_last
     if max_completions > step_cap:
         max_completions = step_cap
-    if max_completions < 1 or min(firsts) < 0:
+    if max_completions < 1 or low_first < 0:
         return None
     return computed0, output0, firsts, drops, max_completions, first_drop
+
+
+def _async_completions(first_drop: int, last_drop: int, general: bool, to_first_finish: bool,
+                       step_cap: int) -> int:
+    """(Async) the completions a stretch may apply, the first request to finish leaving
+    at completion ``first_drop`` and the last at ``last_drop``: up to the first finish;
+    ``general``: up to the last; ``to_first_finish``: through the first."""
+    if general and step_cap > first_drop:
+        return last_drop
+    if to_first_finish and first_drop < min(step_cap, last_drop):
+        return first_drop + 1  # (a request stays in the step after)
+    return first_drop
 
 
 def _short_of_blocks(sch: Scheduler) -> bool:
@@ -265,7 +296,7 @@ def _short_of_blocks(sch: Scheduler) -> bool:
     return False
 
 
-def _head_hit(sch: Scheduler):
+def _head_hit(sch: Scheduler) -> list[int] | bool | None:
     """The waiting head's prefix hit where a step would look it up (None where it is not
     looked up), or False where no stretch can start: it would be admitted even if every
     running request took a block at step 0 (so the plan's pass is not needed)."""
@@ -352,7 +383,7 @@ def _freed_at(sch: Scheduler, firsts: list[int], drops: list[int], max_completio
 
 
 def _block_pops(sch: Scheduler, firsts: list[int], max_steps: int, drops: list[int] | None,
-                freed_at: list[int]):
+                freed_at: list[int]) -> tuple[list[int], list[int], int]:
     """(blocks each step allocates, their running total, the steps the free blocks
     allow): request i takes one at step firsts[i] and every block_size steps after,
     while it is in the batch (before step drops[i]); ``freed_at[k]`` blocks join the
@@ -407,7 +438,7 @@ def _step_pops(bs: int, firsts: list[int], max_steps: int, drops: list[int] | No
     return pops
 
 
-def _bound_by_waiting_head(sch: Scheduler, head, budget: int, max_steps: int,
+def _bound_by_waiting_head(sch: Scheduler, head: Request, budget: int, max_steps: int,
                            pops_through: list[int], free0: int, computed0: list[int],
                            output0: list[int], freed: list[int], hit: list[int] | None
                            ) -> tuple[int, tuple[int, int] | None]:
@@ -480,7 +511,7 @@ def _caches_watched(sch: Scheduler, watched: set, steps: int, computed0: list[in
     return False
 
 
-def _head_admissible(sch: Scheduler, head, hit: list[int], free: int, budget: int) -> bool:
+def _head_admissible(sch: Scheduler, head: Request, hit: list[int], free: int, budget: int) -> bool:
     """``Scheduler._schedule_waiting``'s admission test for its head, without its effects."""
     kv = sch.kv
     bs = kv.block_size
@@ -527,7 +558,8 @@ def _segment(plan: LeapPlan, s: int) -> tuple[int, int, int, int, int]:
     if plan.drops is not None and (s or plan.leaving):
         lo = plan.bounds[s - 1] if s else 0
         c = [k for k, d in zip(c, plan.drops) if d > lo]
-    return len(c), sum(c), max(c), min(c), sum(map(mul, c, c))
+    total, hi, lo, squares = decode_kv_stats(c)
+    return len(c), total, hi, lo, squares
 
 
 def apply_leap(sch: Scheduler, plan: LeapPlan, steps: int, start_ns: int,
@@ -588,7 +620,7 @@ def finished_in(plan: LeapPlan, done: int) -> int:
     return len(finishing(plan, done))
 
 
-def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
+def _emit_tokens(running: list[Request], plan: LeapPlan, steps: int, completion_ns: list[int],
                  itl_sink: GapRuns) -> None:
     """Set each request's counters after ``steps`` steps and the completions; each
     completion gives every request in its step one token: its inter-token gaps in the
@@ -598,24 +630,28 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
     done = len(completion_ns)
     first = completion_ns[0]
     last = completion_ns[-1]
-    gaps = list(map(sub, islice(completion_ns, 1, None), completion_ns))
+    gaps = [completion_ns[k + 1] - completion_ns[k] for k in range(done - 1)]
     common_max = max(gaps) if gaps else 0
     ending = finishing(plan, done)
     if ending:
         before = [(i, running[i].itl_max_ns, running[i].last_token_ns) for i in ending]
     values, counts = itl_sink.values, itl_sink.counts  # (GapRuns.add, inline)
-    run = values[-1] if values else None  # the last run's gap
+    have_run = bool(values)
+    run = values[-1] if have_run else 0  # the last run's gap
+    pending = 0  # gaps equal to it not yet added to its count
     for r, c0, o0 in zip(running, plan.computed0, plan.output0):
         r.num_computed = c0 + steps
         r.num_output = o0 + done
         if o0:
             g = first - r.last_token_ns
-            if g == run:
-                counts[-1] += 1
+            if have_run and g == run:
+                pending += 1
             else:
+                if pending:
+                    counts[-1] += pending
                 values.append(g)
-                counts.append(1)
-                run = g
+                counts.append(0)
+                run, have_run, pending = g, True, 1
             m = g if g > common_max else common_max
         else:
             r.first_token_ns = first
@@ -623,6 +659,8 @@ def _emit_tokens(running, plan: LeapPlan, steps: int, completion_ns: list[int],
         if m > r.itl_max_ns:
             r.itl_max_ns = m
         r.last_token_ns = last
+    if pending:
+        counts[-1] += pending
     if not ending:
         _add_gaps(itl_sink, gaps, len(running))
         return
@@ -709,7 +747,6 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
     drops = plan.drops
     computed0, output0 = plan.computed0, plan.output0
     free, ref, block_hash = kv.free, kv.ref, kv.block_hash
-    recycled = free.recycled
     cache_blocks = kv.cache_blocks
     for key in keys:
         phase, i = divmod(key, n)
@@ -729,8 +766,8 @@ def _replay_events(sch: Scheduler, plan: LeapPlan, keys: list[int], n: int,
                 bid = free.next_fresh
                 if bid < free.end:
                     free.next_fresh = bid + 1
-                elif recycled:
-                    bid = recycled.popitem(last=False)[0]
+                elif free.count:
+                    bid = free.pop_freed()
                     if block_hash[bid] is not None:
                         kv._evict(bid)
                 else:
@@ -762,13 +799,13 @@ def _replay_allocations(sch: Scheduler, keys: list[int], n: int,
     is made in between), handed out in event order."""
     kv = sch.kv
     running = sch.running
-    appends = [r.block_ids.append for r in running]
+    block_lists = [r.block_ids for r in running]
     if len(keys) <= kv.num_free:
         # The blocks taken are the free queue's first ones, which the frees (at its tail)
         # do not reach: taken at once, then the frees, in order (a request's blocks are
         # all taken before it finishes).
         for key, bid in zip(keys, kv.take_blocks(len(keys))):
-            appends[key % n](bid)
+            block_lists[key % n].append(bid)
         for d in sorted(frees):
             for i in frees[d]:
                 kv.free_request(running[i], finished=True)
@@ -778,16 +815,16 @@ def _replay_allocations(sch: Scheduler, keys: list[int], n: int,
         hi = bisect_right(keys, (2 * d + 1) * n + n - 1, lo)
         if hi > lo:
             for key, bid in zip(keys[lo:hi], _take_blocks(kv, hi - lo)):
-                appends[key % n](bid)
+                block_lists[key % n].append(bid)
             lo = hi
         for i in frees[d]:
             kv.free_request(running[i], finished=True)
     if lo < len(keys):
         for key, bid in zip(keys[lo:] if lo else keys, _take_blocks(kv, len(keys) - lo)):
-            appends[key % n](bid)
+            block_lists[key % n].append(bid)
 
 
-def _take_blocks(kv, count: int) -> list[int]:
+def _take_blocks(kv: KVCacheManager, count: int) -> list[int]:
     """``KVCacheManager.take_blocks``, which the plan has counted against the free
     blocks."""
     if kv.num_free < count:
@@ -816,7 +853,8 @@ def _count_private(sch: Scheduler, plan: LeapPlan, deferred: list[int], steps: i
             r.cached_hashes = full
 
 
-def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
+def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int
+                ) -> tuple[list[int], dict[int, list[int]], list[int], bool]:
     """Phases (as ``phase * n + index``) at which a request may leave the fast path: a
     superset of where it does. Its allocations are exact (one block every ``block_size``
     steps from ``plan.firsts``, while it is in the batch); a block fills when the tokens
@@ -839,9 +877,9 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
     deferred: list[int] = []
     if kv.enable_prefix_caching:
         if kv.defers_private():
-            get = kv.private.get
+            private = kv.private
             fills = [i for i, r in enumerate(running)
-                     if r.cached_hashes < get(r.rid, NONE_PRIVATE)]
+                     if r.cached_hashes < private.get(r.rid, NONE_PRIVATE)]
             if fills:
                 fill_set = set(fills)
                 deferred = [i for i in range(n - 1) if i not in fill_set]
@@ -853,7 +891,6 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
             fills = [i for i in fills if drops[i]]
             deferred = [i for i in deferred if drops[i]]
     keys: list[int] = []
-    extend = keys.extend
     frees: dict[int, list[int]] = {}
     firsts = plan.firsts
     exact = False
@@ -868,13 +905,11 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
                 keys.append((2 * d + 1) * n + i)
                 exact = True
         for i, f in enumerate(firsts):
-            if f < steps:
-                extend(range(2 * f * n + i, ends[i], period))
+            _every(keys, 2 * f * n + i, ends[i], period)
     else:
         ends = None
         for i, f in enumerate(firsts):
-            if f < steps:
-                extend(range(2 * f * n + i, sched_end, period))
+            _every(keys, 2 * f * n + i, sched_end, period)
     computed0, output0 = plan.computed0, plan.output0
     for i in fills:
         r = running[i]
@@ -885,6 +920,15 @@ def _candidates(sch: Scheduler, plan: LeapPlan, steps: int, done: int, n: int):
             if j <= 0:
                 keys.append(i)
                 j = (-base) % bs or bs
-            extend(range(2 * j * n + i, ends[i] if ends else sched_end, period))
+            _every(keys, 2 * j * n + i, ends[i] if ends else sched_end, period)
             exact = True
     return keys, frees, deferred, exact
+
+
+def _every(keys: list[int], start: int, end: int, period: int) -> None:
+    """Append ``range(start, end, period)`` to ``keys`` (a loop: a request takes a block
+    or two in a stretch, fewer than a range object costs)."""
+    k = start
+    while k < end:
+        keys.append(k)
+        k += period

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim.errors import InputError
-from sim.request import Request
+from sim.request import COMPILED, Request
 
 if TYPE_CHECKING:
     import pandas as pd
+    # (an annotation only: compiled, a machine integer; as Python, never evaluated)
+    from mypy_extensions import i64
 
 REQUEST_COLUMNS = ("request_id", "instance_id", "session_id", "sub_request_index", "arrival_ns",
                    "first_token_ns", "last_token_ns", "input_tokens", "output_tokens", "ttft_ns",
@@ -60,6 +62,69 @@ def _pairwise_sum(a: list[float], lo: int, n: int) -> float:
     n2 = n // 2
     n2 -= n2 % 8
     return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
+
+
+class _RunReader:
+    """The values of runs (``values[k]`` repeated ``counts[k]`` times) summed in numpy's
+    pairwise order (``_pairwise_sum``) without expanding them. The pairwise sum takes its
+    blocks of at most 128 values left to right; a block's lane j adds the values at
+    positions j, j + 8, ... in turn, which are read from the runs they fall in."""
+
+    def __init__(self, values: list[float], counts: list[int]) -> None:
+        self.values = values
+        self.counts = counts
+        self.run = 0  # the run the next value is in
+        self.used = 0  # values of that run already read
+
+    def sum(self, n: int) -> float:
+        """``_pairwise_sum`` of the next ``n`` values."""
+        if n > 128:
+            n2 = n // 2
+            n2 -= n2 % 8
+            left = self.sum(n2)  # (in order: the left half's values come first)
+            return left + self.sum(n - n2)
+        values, counts = self.values, self.counts
+        run0, used0 = self.run, self.used
+        res = 0.0
+        start: i64 = 0  # the first position added to res one by one
+        k: i64
+        end: i64
+        p: i64
+        if n >= 8:
+            start = n - n % 8
+            lanes = [0.0] * 8
+            for j in range(8):
+                # -0.0 + x is x for every x: the lane starts at its first value
+                acc = -0.0
+                k = run0
+                end = counts[k] - used0  # (block position where run k ends)
+                v = values[k]
+                p = j
+                while p < start:
+                    while p >= end:
+                        k += 1
+                        end += counts[k]
+                        v = values[k]
+                    acc += v
+                    p += 8
+                lanes[j] = acc
+            res = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+                (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+        # the positions past the lanes, in order; then move past the block
+        k = run0
+        end = counts[k] - used0
+        p = 0
+        while p < n:
+            while p >= end:
+                k += 1
+                end += counts[k]
+            if p >= start:
+                res += values[k]
+            p += 1 if p >= start else start - p
+        self.run, self.used = k, counts[k] - (end - n)
+        if self.used == counts[k] and k + 1 < len(counts):
+            self.run, self.used = k + 1, 0
+        return res
 
 
 def _percentile(s: list, q: float) -> float:
@@ -157,13 +222,19 @@ class GapRuns:
             return stats_ms([])
         if use_numpy or (use_numpy is None and n >= NUMPY_FROM):
             return _stats_numpy(values, counts)
-        ms = []
+        if COMPILED:  # (compiled, a loop over the runs; as Python, the builtins' passes)
+            total = _RunReader([v / 1e6 for v in values], counts).sum(n)
+        else:
+            ms: list[float] = []
+            for v, c in zip(values, counts):
+                ms += [v / 1e6] * c
+            total = _pairwise_sum(ms, 0, n)
+        # the i-th smallest gap: the distinct gaps in order, with their counts through each
+        per_gap: dict[int, int] = {}
         for v, c in zip(values, counts):
-            ms += [v / 1e6] * c
-        total = _pairwise_sum(ms, 0, n)
-        order = sorted(range(len(values)), key=values.__getitem__)
-        ends = list(accumulate(counts[k] for k in order))
-        sorted_values = [values[k] for k in order]
+            per_gap[v] = per_gap.get(v, 0) + c
+        sorted_values = sorted(per_gap)
+        ends = list(accumulate([per_gap[v] for v in sorted_values]))
 
         def at(i: int) -> int:  # the i-th smallest gap
             return sorted_values[bisect_right(ends, i)]

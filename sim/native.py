@@ -37,7 +37,7 @@ from pathlib import Path
 
 #: the modules compiled, in the order mypyc is given them
 NATIVE_MODULES = ("sim.request", "sim.kv_cache", "sim.scheduler", "sim.leap", "sim.engine",
-                  "sim.metrics", "sim.latency.lines")
+                  "sim.metrics", "sim.latency.lines", "sim.latency.grid")
 #: set (to anything but "" or "0") to run the Python sources even where a build exists
 PURE_ENV = "LLMSIM_PURE_PYTHON"
 PACKAGE_DIR = Path(__file__).resolve().parent

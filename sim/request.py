@@ -12,7 +12,21 @@ from __future__ import annotations
 
 from typing import Final
 
-WAITING, RUNNING, FINISHED, PREEMPTED = 0, 1, 2, 3
+# (Final: compiled, each use is the number itself, not a lookup of the module's globals)
+WAITING: Final = 0
+RUNNING: Final = 1
+FINISHED: Final = 2
+PREEMPTED: Final = 3
+
+def _code_of(f) -> object:
+    return getattr(f, "__code__", None)
+
+
+#: whether the simulator's hot modules run compiled (``sim.native`` loads all of them or
+#: none; a compiled function has no Python code object). Where a loop in them would be
+#: slower than the builtins' passes as Python, the two ways are chosen by it; both give
+#: the same numbers.
+COMPILED: Final = _code_of(_code_of) is None
 
 #: a request's fields (its slots), grouped by meaning
 FIELDS: Final = (

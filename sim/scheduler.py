@@ -46,10 +46,27 @@ from typing import TYPE_CHECKING
 from sim.kv_cache import KVCacheManager
 from sim.latency.base import BatchShape
 from sim.options import SimOptions
-from sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
+from sim.request import COMPILED, FINISHED, PREEMPTED, RUNNING, WAITING, Request
 
 if TYPE_CHECKING:
     from sim.metrics import GapRuns
+
+
+def decode_kv_stats(kvs: list[int]) -> tuple[int, int, int, int]:
+    """Sum, largest, smallest and sum of squares of decode KV lengths (at least one):
+    compiled, one loop over them; as Python, the builtins' passes (``COMPILED``)."""
+    if not COMPILED:
+        return sum(kvs), max(kvs), min(kvs), sum(map(mul, kvs, kvs))
+    total = squares = 0
+    hi = lo = kvs[0]
+    for k in kvs:
+        total += k
+        squares += k * k
+        if k > hi:
+            hi = k
+        elif k < lo:
+            lo = k
+    return total, hi, lo, squares
 
 
 @dataclass(slots=True)
@@ -132,8 +149,7 @@ class Step:
         n_dec = len(decode_kv)
         prefill_tokens = self.prefill_tokens
         if n_dec:
-            kv_sum, kv_max, kv_min = sum(decode_kv), max(decode_kv), min(decode_kv)
-            kv_sq = sum(map(mul, decode_kv, decode_kv))
+            kv_sum, kv_max, kv_min, kv_sq = decode_kv_stats(decode_kv)
         else:
             kv_sum = kv_max = kv_min = kv_sq = 0
         if decoded is not None and decoded.num_decode:

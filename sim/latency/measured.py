@@ -42,7 +42,8 @@ from sim.cache import cached
 from sim.errors import InputError, read_text_input
 from sim.latency.base import (LATENCY_PROVIDERS, BatchShape, DecodeStretch, LatencyProvider,
                               LayerTimes)
-from sim.latency.lines import blended_step_times, piece_step_times
+from sim.latency.grid import AttentionGrid, Axis, beyond, line, upper_slope
+from sim.latency.lines import stretch_step_times
 from sim.model import HEAD_DENSE, HEAD_PER_SEQUENCE, PROLOGUE, ModelSpec, expert_shard_ranks
 from sim.paths import is_dir, is_file, profiles_root, shared_data_root
 from sim.yamlio import strict_load, yaml_problem
@@ -174,25 +175,6 @@ def _skew_axes(axes: dict, where: str) -> dict:
     return axes
 
 
-def upper_slope(keys, vals) -> float:
-    """Least-squares slope through the upper half of a grid axis (the points whose key is
-    at least half the largest; the last two where fewer), floored at zero."""
-    n = len(keys)
-    if n < 2:
-        return 0.0
-    top = keys[-1]
-    idx = [i for i in range(n) if keys[i] * 2 >= top]
-    if len(idx) < 2:
-        idx = [n - 2, n - 1]
-    xs = [float(keys[i]) for i in idx]
-    ys = [float(vals[i]) for i in idx]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx <= 0:
-        return 0.0
-    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
-
-
 def work_slope(keys, vals) -> float:
     """Extrapolation slope of a token/sequence axis: the upper-half fit, but at least the
     top point's time per unit of work (scaling from the largest measured step)."""
@@ -249,26 +231,6 @@ class _PackedTables(dict):
         return table
 
 
-class _Axis:
-    """A sorted grid axis with linear bracketing (clamped below, extrapolated above)."""
-
-    __slots__ = ("n", "vals")
-
-    def __init__(self, vals) -> None:
-        self.vals = sorted(vals)
-        self.n = len(self.vals)
-
-    def bracket(self, q: float) -> tuple[int, int, float, bool]:
-        vals = self.vals
-        if self.n == 1 or q <= vals[0]:
-            return 0, 0, 0.0, False
-        i = bisect.bisect_right(vals, q)
-        if i >= self.n:
-            lo, hi = self.n - 2, self.n - 1
-            return lo, hi, (q - vals[lo]) / (vals[hi] - vals[lo]), q > vals[-1]
-        return i - 1, i, (q - vals[i - 1]) / (vals[i] - vals[i - 1]), False
-
-
 def _piecewise(keys: list[int], vals: list[float], slope: float) -> tuple:
     """A decode-KV line (``MeasuredProvider._line`` over integer keys) as linear pieces
     for ``_line_run``: (the first KV of each piece after the first, each piece's
@@ -296,14 +258,6 @@ def _book_off_grid(extrap: dict, grid_notes: tuple[str, ...], k: int, kv_decode:
         extrap[axis] = extrap.get(axis, 0) + k
     if kv_decode:
         extrap["kv_decode"] = extrap.get("kv_decode", 0) + kv_decode
-
-
-def _lerp_piece(line: tuple, q0: int, q1: int) -> tuple | None:
-    """The interval piece of ``line`` (see ``_piecewise``) that holds all of q0 .. q1 -
-    1, or None where they are not in one."""
-    starts, pieces, n, _, _ = line
-    r = bisect.bisect_right(starts, q0)
-    return pieces[r] if 0 < r < n and starts[r] >= q1 else None
 
 
 def _line_run(line: tuple, q0: int, q1: int) -> list[float]:
@@ -373,12 +327,13 @@ class MeasuredProvider(LatencyProvider):
 
     # ------------------------------------------------------------------ construction
     def _sources(self, tp_dir: Path) -> list[Path]:
-        """Every file the tables are built from (and this module, whose code builds them):
+        """Every file the tables are built from (and this module and the grid's, whose code
+        builds them):
         what the bundle cache's key covers. meta.yaml's skew-fit tables are named relative
         to the variant folder (``tp<N>/skew_fit.csv``): the CSVs of that folder and of the
         tp folder cover them."""
-        files = [Path(__file__), self.root / "meta.yaml", *sorted(self.root.glob("*.csv")),
-                 *sorted(tp_dir.glob("*.csv"))]
+        files = [Path(__file__), Path(__file__).with_name("grid.py"), self.root / "meta.yaml",
+                 *sorted(self.root.glob("*.csv")), *sorted(tp_dir.glob("*.csv"))]
         if self.model.is_moe:
             files.append(self._moe_table()[0])
         return [f for f in dict.fromkeys(files) if f.is_file()]
@@ -441,14 +396,15 @@ class MeasuredProvider(LatencyProvider):
         for name in _STATE:
             setattr(self, name, state[name])
         self._dense = _PackedTables(state["_dense"])
-        self._pc_axis = _Axis(state["_pc_axis"])
-        self._nd_axis = _Axis(state["_nd_axis"])
-        self._attn = {tuple(key): (_Axis(kp), [(_Axis(kd), vals, slope) for kd, vals, slope in rows])
+        self._pc_axis = Axis(state["_pc_axis"])
+        self._nd_axis = Axis(state["_nd_axis"])
+        self._attn = {tuple(key): (Axis(kp), [(Axis(kd), vals, slope) for kd, vals, slope in rows])
                       for key, (kp, rows) in state["_attn"].items()}
         self._attn_pairs = list(self._attn)
+        self._grid = AttentionGrid(self._pc_axis, self._nd_axis, self._attn, self._extrap)
         if state["_moe"] is not None:
             ae, rows = state["_moe"]
-            self._moe = (_Axis(ae), [(_Axis(t), vals, slope) for t, vals, slope in rows])
+            self._moe = (Axis(ae), [(Axis(t), vals, slope) for t, vals, slope in rows])
 
     def _build_dense(self, tp_dir: Path, max_tokens: int, max_seqs: int) -> None:
         dense_path = tp_dir / "dense.csv"
@@ -516,15 +472,15 @@ class MeasuredProvider(LatencyProvider):
             grid.setdefault((pc, nd), {}).setdefault(kp, {})[kd] = float(r["time_us"]) * 1e3
         if not grid:
             raise InputError("attention profile is empty", source=str(path))
-        self._pc_axis = _Axis({k[0] for k in grid})
-        self._nd_axis = _Axis({k[1] for k in grid})
+        self._pc_axis = Axis({k[0] for k in grid})
+        self._nd_axis = Axis({k[1] for k in grid})
         # slice -> (kp axis, [ (kd axis, values) per kp ])
         self._attn = {}
         for key, by_kp in grid.items():
-            kp_axis = _Axis(by_kp)
+            kp_axis = Axis(by_kp)
             rows_ = []
             for kp in kp_axis.vals:
-                kd_axis = _Axis(by_kp[kp])
+                kd_axis = Axis(by_kp[kp])
                 vals = [by_kp[kp][k] for k in kd_axis.vals]
                 rows_.append((kd_axis, vals, upper_slope(kd_axis.vals, vals)))
             self._attn[key] = (kp_axis, rows_)
@@ -596,10 +552,10 @@ class MeasuredProvider(LatencyProvider):
         for r in rows:
             by_ae.setdefault(int(float(r["activated_experts"])), {})[int(float(r["tokens"]))] = \
                 float(r["time_us"]) * 1e3 * scale
-        ae_axis = _Axis(by_ae)
+        ae_axis = Axis(by_ae)
         rows_ = []
         for a in ae_axis.vals:
-            t_axis = _Axis(by_ae[a])
+            t_axis = Axis(by_ae[a])
             vals = [by_ae[a][t] for t in t_axis.vals]
             rows_.append((t_axis, vals, work_slope(t_axis.vals, vals)))
         return ae_axis, rows_
@@ -608,23 +564,12 @@ class MeasuredProvider(LatencyProvider):
     def _note(self, axis: str) -> None:
         self._extrap[axis] = self._extrap.get(axis, 0) + 1
 
-    @staticmethod
-    def _line(axis: _Axis, vals: list[float], q: float, slope: float) -> float:
-        keys = axis.vals
-        top = keys[-1]
-        if q > top:
-            return vals[-1] + slope * (q - top)
-        # _Axis.bracket, inline (the same operations)
-        n = axis.n
-        if n == 1 or q <= keys[0]:
-            return vals[0] + 0.0 * (vals[0] - vals[0])
-        i = bisect.bisect_right(keys, q)
-        lo = i - 1 if i < n else n - 2
-        t = (q - keys[lo]) / (keys[lo + 1] - keys[lo])
-        return vals[lo] + t * (vals[lo + 1] - vals[lo])
+    #: the grid's scalar lookups (sim.latency.grid), for the MoE table and the stretches
+    _line = staticmethod(line)
+    _beyond = staticmethod(beyond)
 
     @staticmethod
-    def _line_many(axis: _Axis, vals: list[float], qs: range, slope: float) -> list[float]:
+    def _line_many(axis: Axis, vals: list[float], qs: range, slope: float) -> list[float]:
         """``_line`` at each of the increasing ``qs``: the same float operations, with the
         bracket found by walking the axis instead of bisecting for each."""
         keys = axis.vals
@@ -646,38 +591,6 @@ class MeasuredProvider(LatencyProvider):
             t = (q - keys[lo]) / (keys[lo + 1] - keys[lo])
             append(vals[lo] + t * (vals[lo + 1] - vals[lo]))
         return out
-
-    @staticmethod
-    def _beyond(axis: _Axis, at, q: float) -> float:
-        """Past the top of ``axis``: the top value plus the upper-half slope of the values
-        ``at(i)`` at the axis points (monotone in ``q``)."""
-        keys = axis.vals
-        first = next(i for i in range(axis.n) if keys[i] * 2 >= keys[-1] or i >= axis.n - 2)
-        idx = range(first, axis.n)
-        vals = [at(i) for i in idx]
-        return vals[-1] + upper_slope([keys[i] for i in idx], vals) * (q - keys[-1])
-
-    def _slice(self, pc: int, nd: int, kp: int, kd: int) -> float:
-        s = self._attn.get((pc, nd))
-        if s is None:
-            # A grid corner that was not profiled: use the nearest profiled slice.
-            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
-            s = self._attn[(pc, nd)]
-        kp_axis, rows = s
-        lo, hi, t, ex = kp_axis.bracket(kp)
-        line = self._line
-        if ex:
-            self._note("kv_prefill")
-            return self._beyond(kp_axis, lambda i: line(rows[i][0], rows[i][1], kd, rows[i][2]),
-                                kp)
-        kd_axis, vals, slope = rows[lo]
-        if kd > kd_axis.vals[-1]:
-            self._note("kv_decode")
-        v_lo = line(kd_axis, vals, kd, slope)
-        if lo == hi:
-            return v_lo
-        kd_axis, vals, slope = rows[hi]
-        return v_lo + t * (line(kd_axis, vals, kd, slope) - v_lo)
 
     def attention_ns(self, shape: BatchShape) -> float:
         """Attention at the batch's mean decode KV, skew-corrected where the bundle has a
@@ -703,44 +616,12 @@ class MeasuredProvider(LatencyProvider):
         pc, nd = shape.prefill_tokens, shape.num_decode
         two_w = shape.prefill_work
         if not (pc and two_w):
-            return self._attention_grid(pc, shape.prefill_kv, nd, kd)
+            return self._grid.at(pc, shape.prefill_kv, nd, kd)
         excess = two_w - pc * pc
         if excess >= 0:
-            return self._attention_grid(pc, excess // (2 * pc), nd, kd)
-        base = self._attention_grid(0, 0, nd, kd)
-        return base + (self._attention_grid(pc, 0, nd, kd) - base) * two_w / (pc * pc)
-
-    def _attention_grid(self, pc: int, kp: int, nd: int, kd: int) -> float:
-        plo, phi, pt, pex = self._pc_axis.bracket(pc)
-        if pex:
-            # A chunk above the grid: its query rows are independent in the kernel, so it
-            # runs as pc / top pieces of the top measured chunk, each over the chunk rows
-            # before it (on average (pc - top) / 2 more cached KV): the causal work, which
-            # grows with the square of the chunk. (Read along the chunk axis, a linear
-            # extension charged an 8,192-token prompt a third of it.) The decodes beside
-            # it are counted once, with the first piece.
-            self._note("prefill_chunk")
-            top = self._pc_axis.vals[-1]
-            kp_eq = kp + (pc - top) // 2
-            return (self._over_nd(top, nd, kp_eq, kd)
-                    + (pc / top - 1.0) * self._over_nd(top, 0, kp_eq, 0))
-        pcs = self._pc_axis.vals
-        v0 = self._over_nd(pcs[plo], nd, kp, kd)
-        if phi == plo:
-            return v0
-        return v0 + pt * (self._over_nd(pcs[phi], nd, kp, kd) - v0)
-
-    def _over_nd(self, pc: int, nd: int, kp: int, kd: int) -> float:
-        """Attention at a profiled prefill chunk, interpolated (or extended) over n_decode."""
-        nlo, nhi, nt, nex = self._nd_axis.bracket(nd)
-        nds = self._nd_axis.vals
-        if nex:
-            self._note("n_decode")
-            return self._beyond(self._nd_axis, lambda i: self._slice(pc, nds[i], kp, kd), nd)
-        c0 = self._slice(pc, nds[nlo], kp, kd)
-        if nhi == nlo:
-            return c0
-        return c0 + nt * (self._slice(pc, nds[nhi], kp, kd) - c0)
+            return self._grid.at(pc, excess // (2 * pc), nd, kd)
+        base = self._grid.at(0, 0, nd, kd)
+        return base + (self._grid.at(pc, 0, nd, kd) - base) * two_w / (pc * pc)
 
     def moe_ns(self, tokens: int, activated_experts: int) -> int:
         if self._moe is None:
@@ -840,18 +721,10 @@ class MeasuredProvider(LatencyProvider):
         base, grid_notes, line0, line1, nt = setup
         q1 = kd0 + steps
         layers = self.model.num_hidden_layers
-        p0 = _lerp_piece(line0, kd0, q1)
-        p1 = _lerp_piece(line1, kd0, q1) if line1 is not None else None
-        if p0 is not None and (p1 is not None or line1 is None):
+        durations = stretch_step_times(base, layers, kd0, q1, line0, line1, nt)
+        if durations is not None:
             # Each line one interval of its grid throughout (most stretches): one pass
             # (the same operations as below; no lookup off the grid).
-            _, v0, dv0, k0, dk0 = p0
-            if p1 is None:
-                durations = piece_step_times(base, layers, kd0, q1, v0, dv0, k0, dk0)
-            else:
-                _, v1, dv1, k1, dk1 = p1
-                durations = blended_step_times(base, layers, kd0, q1, v0, dv0, k0, dk0, nt,
-                                               v1, dv1, k1, dk1)
             return DecodeStretch(durations, self._stretch_record(grid_notes, ()))
         attn = _line_run(line0, kd0, q1)
         if line1 is not None:

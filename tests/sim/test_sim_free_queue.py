@@ -16,16 +16,26 @@ from sim.request import Request
 
 
 class EagerQueue(FreeBlockQueue):
-    """Every block materialised up front: the queue as a plain ordered dict."""
+    """Every block materialised up front: no range of never-used blocks, all of them in
+    the list of freed ones."""
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
-        self.recycled = OrderedDict.fromkeys(range(num_blocks))
+        self.freed = list(range(num_blocks))
+        self.pos = list(range(num_blocks))
+        self.count = num_blocks
         self.next_fresh = num_blocks
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_queue_matches_an_ordered_dict_under_random_operations(seed):
+@pytest.mark.parametrize("compact_from", [1024, 3])
+def test_queue_matches_an_ordered_dict_under_random_operations(seed, compact_from,
+                                                               monkeypatch):
+    monkeypatch.setattr(FreeBlockQueue, "COMPACT_FROM", compact_from)
+    compactions = []
+    compact = FreeBlockQueue.compact
+    monkeypatch.setattr(FreeBlockQueue, "compact",
+                        lambda self: compactions.append(1) or compact(self))
     rng = random.Random(seed)
     n = 40
     q = FreeBlockQueue(n)
@@ -33,14 +43,21 @@ def test_queue_matches_an_ordered_dict_under_random_operations(seed):
     taken: list[int] = []
     for _ in range(400):
         op = rng.random()
-        if op < 0.45 and ref:
+        if op < 0.3 and ref:
             got = q.popleft()
             assert got == ref.popitem(last=False)[0]
             taken.append(got)
+        elif op < 0.45 and ref and q.next_fresh == q.end:
+            k = rng.randrange(1, len(ref) + 1)
+            got = q.pop_freed_many(k)
+            assert got == [ref.popitem(last=False)[0] for _ in range(k)]
+            taken += got
         elif op < 0.85 and taken:
             bid = taken.pop(rng.randrange(len(taken)))
             q.append(bid)
             ref[bid] = None
+            # stale entries (popped or revived blocks) are dropped as they pile up
+            assert len(q.freed) <= max(q.COMPACT_FROM, 3 * q.count)
         elif ref:
             bid = rng.choice(list(ref))  # anywhere, a never-used block inside the range too
             q.remove(bid)
@@ -51,6 +68,11 @@ def test_queue_matches_an_ordered_dict_under_random_operations(seed):
         assert (probe in q) == (probe in ref)
     with pytest.raises(KeyError):
         q.remove(taken[0]) if taken else q.remove(n)
+    for outside in (-1, n, n + 5):  # (not block ids: in no queue)
+        assert outside not in q
+        with pytest.raises(KeyError):
+            q.remove(outside)
+    assert bool(compactions) == (compact_from < n)  # (a list of 40 blocks never gets to 1024)
 
 
 def _churn(kv: KVCacheManager, seed: int) -> list:

@@ -120,6 +120,32 @@ def test_gap_runs_give_the_stats_of_every_gap(n, use_numpy):
     assert all(a != b for a, b in zip(runs.values, runs.values[1:]))
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 127, 128, 129, 255, 1000, 4099, 20001])
+@pytest.mark.parametrize("zero_runs", [False, True])
+def test_run_reader_sums_runs_as_numpy_sums_every_value(n, zero_runs):
+    """The compiled path's mean (``_RunReader``: numpy's pairwise sum read straight from
+    the runs) and the Python path's (``_pairwise_sum`` of every value) are
+    ``np.add.reduce``'s bits, with runs of any length (empty ones too)."""
+    from sim.metrics import _pairwise_sum, _RunReader
+
+    rng = random.Random(n)
+    values: list[float] = []
+    counts: list[int] = []
+    total = 0
+    while total < n:
+        if zero_runs and rng.random() < 0.2:
+            values.append(rng.random())
+            counts.append(0)
+        c = min(n - total, rng.choice([1, 2, 5, 8, 31, 200]))
+        values.append(rng.randint(0, 10**9) / 1e6)
+        counts.append(c)
+        total += c
+    every = [v for v, c in zip(values, counts) for _ in range(c)]
+    want = float(np.add.reduce(np.asarray(every, dtype=np.float64)))
+    assert _RunReader(values, counts).sum(n) == want
+    assert _pairwise_sum(every, 0, n) == want
+
+
 def test_stats_of_nothing_are_nan():
     s = stats_ms([])
     assert all(v != v for v in s.values()) and set(s) == {"mean", *(f"p{p}" for p in PERCENTILES)}
