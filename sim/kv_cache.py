@@ -230,10 +230,15 @@ class FreeBlockQueue:
 
     def append(self, bid: int) -> None:
         """Put a released block at the tail."""
-        freed = self.freed
-        self.pos[bid] = len(freed)
-        freed.append(bid)
-        self.count += 1
+        self.extend([bid])
+
+    def extend(self, bids: list[int]) -> None:
+        """Put released blocks at the tail, in order."""
+        freed, pos = self.freed, self.pos
+        for bid in bids:
+            pos[bid] = len(freed)
+            freed.append(bid)
+        self.count += len(bids)
         if len(freed) > self.COMPACT_FROM and len(freed) > 3 * self.count:
             self.compact()
 
@@ -568,19 +573,14 @@ class KVCacheManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Release blocks, last first (a request's tail blocks are evicted first)."""
-        free, ref = self.free, self.ref
-        freed, pos = free.freed, free.pos
-        added = 0
+        ref = self.ref
+        released: list[int] = []
         for bid in reversed(block_ids):
             n = ref[bid] - 1
             ref[bid] = n
             if not n:
-                pos[bid] = len(freed)  # (FreeBlockQueue.append, inline)
-                freed.append(bid)
-                added += 1
-        free.count += added
-        if len(freed) > free.COMPACT_FROM and len(freed) > 3 * free.count:
-            free.compact()
+                released.append(bid)
+        self.free.extend(released)
 
     def free_request(self, req: Request, finished: bool | None = None) -> None:
         """Free ``req``'s blocks. Its private blocks enter the table first, unless it is

@@ -232,7 +232,7 @@ class _PackedTables(dict):
 
 
 def _piecewise(keys: list[int], vals: list[float], slope: float) -> tuple:
-    """A decode-KV line (``MeasuredProvider._line`` over integer keys) as linear pieces
+    """A decode-KV line (``grid.line`` over integer keys) as linear pieces
     for ``_line_run``: (the first KV of each piece after the first, each piece's
     constants, ...). Piece 0 is the clamp at or below the first key, piece r (1 <= r <
     n) the interval from key r - 1 (exclusive for r = 1) to key r (inclusive for the
@@ -261,7 +261,7 @@ def _book_off_grid(extrap: dict, grid_notes: tuple[str, ...], k: int, kv_decode:
 
 
 def _line_run(line: tuple, q0: int, q1: int) -> list[float]:
-    """``MeasuredProvider._line`` at q0 .. q1 - 1, a linear piece at a time (the same
+    """``grid.line`` at q0 .. q1 - 1, a linear piece at a time (the same
     float operations: t = (q - k_lo) / (k_hi - k_lo), v_lo + t * (v_hi - v_lo); past the
     top, v_top + slope * (q - top))."""
     starts, pieces, n, _, _ = line
@@ -400,7 +400,6 @@ class MeasuredProvider(LatencyProvider):
         self._nd_axis = Axis(state["_nd_axis"])
         self._attn = {tuple(key): (Axis(kp), [(Axis(kd), vals, slope) for kd, vals, slope in rows])
                       for key, (kp, rows) in state["_attn"].items()}
-        self._attn_pairs = list(self._attn)
         self._grid = AttentionGrid(self._pc_axis, self._nd_axis, self._attn, self._extrap)
         if state["_moe"] is not None:
             ae, rows = state["_moe"]
@@ -484,7 +483,6 @@ class MeasuredProvider(LatencyProvider):
                 vals = [by_kp[kp][k] for k in kd_axis.vals]
                 rows_.append((kd_axis, vals, upper_slope(kd_axis.vals, vals)))
             self._attn[key] = (kp_axis, rows_)
-        self._attn_pairs = list(self._attn)
         self._attn_path = str(path)
 
     def _build_skew(self, tp: int):
@@ -564,13 +562,9 @@ class MeasuredProvider(LatencyProvider):
     def _note(self, axis: str) -> None:
         self._extrap[axis] = self._extrap.get(axis, 0) + 1
 
-    #: the grid's scalar lookups (sim.latency.grid), for the MoE table and the stretches
-    _line = staticmethod(line)
-    _beyond = staticmethod(beyond)
-
     @staticmethod
     def _line_many(axis: Axis, vals: list[float], qs: range, slope: float) -> list[float]:
-        """``_line`` at each of the increasing ``qs``: the same float operations, with the
+        """``grid.line`` at each of the increasing ``qs``: the same float operations, with the
         bracket found by walking the axis instead of bisecting for each."""
         keys = axis.vals
         n = axis.n
@@ -630,16 +624,16 @@ class MeasuredProvider(LatencyProvider):
         lo, hi, t, ex = ae_axis.bracket(activated_experts)
         if ex:
             self._note("activated_experts")
-            v = self._beyond(ae_axis, lambda i: self._line(rows[i][0], rows[i][1], tokens,
-                                                           rows[i][2]), activated_experts)
+            v = beyond(ae_axis, lambda i: line(rows[i][0], rows[i][1], tokens, rows[i][2]),
+                       activated_experts)
             return max(1, int(v))
         a_axis, vals, slope = rows[lo]
         if tokens > a_axis.vals[-1]:
             self._note("moe_tokens")
-        v = self._line(a_axis, vals, tokens, slope)
+        v = line(a_axis, vals, tokens, slope)
         if hi != lo:
             b_axis, bvals, bslope = rows[hi]
-            v += t * (self._line(b_axis, bvals, tokens, bslope) - v)
+            v += t * (line(b_axis, bvals, tokens, bslope) - v)
         return max(1, int(v))
 
     def _dense_at(self, name: str, tokens: int) -> float:
@@ -765,11 +759,7 @@ class MeasuredProvider(LatencyProvider):
         nds = self._nd_axis.vals
         lines = []
         for n in dict.fromkeys((nds[nlo], nds[nhi])):
-            s = self._attn.get((pc, n))
-            if s is None:
-                p = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - n) ** 2)
-                s = self._attn[p]
-            kp_axis, rows = s
+            kp_axis, rows = self._grid.nearest(pc, n)
             if kp_axis.bracket(0)[3]:
                 return None
             kd_axis, vals, slope = rows[0]  # (prefill KV 0 is at or below the axis: row 0)
@@ -813,7 +803,8 @@ class MeasuredProvider(LatencyProvider):
 
     def _over_nd_many(self, pc: int, nlo: int, nhi: int, nt: float, kds: range,
                       notes: list[int]) -> list[float] | None:
-        """``_over_nd`` (decode count inside the grid, no prefill KV) at many decode KVs."""
+        """``AttentionGrid.over_nd`` (decode count inside the grid, no prefill KV) at many
+        decode KVs."""
         nds = self._nd_axis.vals
         c0 = self._slice_many(pc, nds[nlo], kds, notes)
         if nhi == nlo or c0 is None:
@@ -822,12 +813,9 @@ class MeasuredProvider(LatencyProvider):
         return None if c1 is None else [a + nt * (b - a) for a, b in zip(c0, c1)]
 
     def _slice_many(self, pc: int, nd: int, kds: range, notes: list[int]) -> list[float] | None:
-        """``_slice`` at prefill KV 0 at many decode KVs (``notes`` counts off-grid ones)."""
-        s = self._attn.get((pc, nd))
-        if s is None:
-            pc, nd = min(self._attn_pairs, key=lambda p: (p[0] - pc) ** 2 + (p[1] - nd) ** 2)
-            s = self._attn[(pc, nd)]
-        kp_axis, rows = s
+        """``AttentionGrid.slice`` at prefill KV 0 at many decode KVs (``notes`` counts
+        off-grid ones)."""
+        kp_axis, rows = self._grid.nearest(pc, nd)
         lo, hi, t, ex = kp_axis.bracket(0)
         if ex:
             return None

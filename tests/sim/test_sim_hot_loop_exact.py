@@ -39,11 +39,11 @@ def test_leaping_hashes_like_stepping(name):
 
 def test_line_many_is_line_at_each_point():
     """The measured provider's walked-bracket line over a range of decode KVs gives
-    ``_line``'s float at every point (below, inside, at and past the grid; the grid's keys
+    ``grid.line``'s float at every point (below, inside, at and past the grid; the grid's keys
     are token counts, integers as the bundle is parsed)."""
     import random
 
-    from sim.latency.grid import Axis
+    from sim.latency.grid import Axis, line
     from sim.latency.measured import MeasuredProvider
 
     rng = random.Random(3)
@@ -56,5 +56,5 @@ def test_line_many_is_line_at_each_point():
         start = rng.choice([-50, 0, int(keys[0]), int(keys[-1]) - 3, rng.randint(0, 21000)])
         qs = range(start, start + rng.randint(0, 400))
         got = MeasuredProvider._line_many(axis, vals, qs, slope)
-        want = [MeasuredProvider._line(axis, vals, q, slope) for q in qs]
+        want = [line(axis, vals, q, slope) for q in qs]
         assert [x.hex() for x in map(float, got)] == [x.hex() for x in map(float, want)]

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import sim
 import sim.engine
 from sim.latency.base import BatchShape
+from sim.latency.grid import line
 from sim.request import Request
 from sim.workload import parse_jsonl_lines
 from sim_testkit import POWER, cluster_dict, opts_for
@@ -263,9 +264,9 @@ def test_measured_decode_stretch_matches_each_step(bundle_root, n, kv_min, sprea
         prov = factory()
         for kd_axis, vals, slope in (prov._attn[key][1][0] for key in prov._attn if key[0] == 0):
             # each decode-KV line a stretch reads, float for float (before the integer ns)
-            line = _piecewise(kd_axis.vals, vals, slope)
-            assert _line_run(line, kv_min, kv_min + steps) == [
-                prov._line(kd_axis, vals, q, slope) for q in range(kv_min, kv_min + steps)]
+            pieces = _piecewise(kd_axis.vals, vals, slope)
+            assert _line_run(pieces, kv_min, kv_min + steps) == [
+                line(kd_axis, vals, q, slope) for q in range(kv_min, kv_min + steps)]
         prov = factory()
         prov.decode_stretch(BatchShape(n, n, 0, 0, n, n * 40, 40, 40), 3)  # (a first stretch)
         _stretch_matches_steps(lambda prov=prov: prov, shape0, steps, 0)
